@@ -1,0 +1,1 @@
+"""The build: key enumeration, parallel cross-compilation, linking, packing, CLI `aot-build`."""

@@ -1,0 +1,36 @@
+"""What runs inside a compile worker process: one key for one architecture -> one object file.
+
+cute.compile is a process-wide singleton and not thread-safe, so parallelism is processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import traceback
+from pathlib import Path
+
+from cute_aot.kernels import family, family_builder
+
+
+def compile_to_object(family_name: str, key_fields: dict, arch: str, out_dir: str) -> dict:
+    """Compile and export one key; returns a report row (never raises: errors are data here)."""
+    started = time.perf_counter()
+    key = family(family_name).Key.from_fields(key_fields)
+    row = {"family": family_name, "key_id": key.id, "symbol": key.symbol, "arch": arch}
+    target = Path(out_dir) / f"{key.symbol}.o"
+    tmp = Path(out_dir) / f".{key.symbol}.{os.getpid()}.tmp.o"
+    try:
+        compiled = family_builder(family_name).compile(key, arch)
+        compiled.export_to_c(str(tmp), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
+        os.replace(tmp, target)
+    except Exception as exc:  # reported with its key; the build decides what failure means
+        tmp.unlink(missing_ok=True)
+        row.update(status="failed", error=f"{type(exc).__name__}: {exc}",
+                   traceback=traceback.format_exc(), seconds=time.perf_counter() - started)
+        return row
+    data = target.read_bytes()
+    row.update(status="ok", object=str(target), sha256=hashlib.sha256(data).hexdigest(),
+               size=len(data), seconds=time.perf_counter() - started)
+    return row

@@ -1,0 +1,74 @@
+"""Link the TVM-FFI objects of one (bundle, architecture) into ONE self-contained shared library.
+
+The library needs only libtvm_ffi at load time: the CuTe DSL's static CUDA-dialect runtime and the
+static CUDA runtime are linked in, plus our definition of the single error helper that otherwise
+lives in the 43 MB libcute_dsl_runtime.so. Only the `__tvm_ffi_<symbol>` entry points are exported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import metadata, resources
+from pathlib import Path
+
+from cute_aot.artifacts.errors import BuildError
+
+CUTLASS_CU13_LIBS = "nvidia-cutlass-dsl-libs-cu13"
+
+
+def _dist_file(dist: str, filename: str) -> Path:
+    """A file shipped by an installed distribution, found without importing it."""
+    try:
+        files = metadata.distribution(dist).files or []
+    except metadata.PackageNotFoundError:
+        raise BuildError(
+            f"linking needs the {dist} distribution; install the build extra: "
+            "pip install 'cute-aot[build]'"
+        ) from None
+    for file in files:
+        if file.name == filename:
+            return Path(file.locate()).resolve()
+    raise BuildError(f"{dist} does not ship {filename}")
+
+
+def link_inputs() -> dict[str, Path]:
+    return {
+        "dialect_runtime": _dist_file(CUTLASS_CU13_LIBS, "libcuda_dialect_runtime_static.a"),
+        "cuda_runtime": _dist_file("nvidia-cuda-runtime", "libcudart_static.a"),
+        "tvm_ffi": _dist_file("apache-tvm-ffi", "libtvm_ffi.so"),
+    }
+
+
+def link_library(objects: list[Path], output: Path) -> bytes:
+    """Link `objects` (in the given order) into `output`; returns the library's bytes."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not compiler:
+        raise BuildError("linking needs a C compiler (gcc or cc, or set CC)")
+    inputs = link_inputs()
+    package = resources.files(__package__)
+    with tempfile.TemporaryDirectory(prefix="cute-aot-link-") as scratch:
+        shim = Path(scratch) / "cute_dsl_shim.c"
+        shim.write_bytes(package.joinpath("cute_dsl_shim.c").read_bytes())
+        exports = Path(scratch) / "exports.map"
+        exports.write_bytes(package.joinpath("exports.map").read_bytes())
+        tmp_output = Path(scratch) / "library.so"
+        command = [
+            compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp_output),
+            *map(str, objects), str(shim),
+            str(inputs["dialect_runtime"]), str(inputs["cuda_runtime"]),
+            str(inputs["tvm_ffi"]),
+            "-lpthread", "-ldl", "-lrt",
+            f"-Wl,--version-script={exports}", "-Wl,--no-undefined", "-Wl,--build-id=sha1",
+            # The library finds libtvm_ffi by soname: the server's tvm_ffi has loaded it already.
+            "-Wl,-soname,cute_aot_bundle.so",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, cwd=scratch)
+        if result.returncode != 0:
+            raise BuildError(f"linking {output.name} failed:\n{result.stderr.strip()}")
+        data = tmp_output.read_bytes()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(data)
+    return data

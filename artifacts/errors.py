@@ -1,0 +1,57 @@
+"""The one error hierarchy of cute-aot.
+
+Every error names what it is about (file, family, key, architecture) so that an operator can act
+on the message alone. Input errors are also ValueError/TypeError so that callers that already
+catch those keep working.
+"""
+
+from __future__ import annotations
+
+
+class CuteAotError(Exception):
+    """Base class of every error cute-aot raises on purpose."""
+
+
+class BundleError(CuteAotError):
+    """A bundle file cannot be used; `path` names it."""
+
+    def __init__(self, path, message: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+class BundleFormatError(BundleError):
+    """Not a bundle, truncated, unknown format version, or a malformed manifest."""
+
+
+class BundleIntegrityError(BundleError):
+    """A hash or size recorded in the manifest does not match the bytes."""
+
+
+class IncompatibleBundleError(BundleError):
+    """A sound bundle that does not fit this machine (GPU architecture, toolchain)."""
+
+
+class KernelNotFoundError(CuteAotError, LookupError):
+    """No loaded bundle holds the kernel a problem dispatches to."""
+
+    def __init__(self, family: str, key_id: str, arch: str, searched: list[str], detail: str = ""):
+        self.family, self.key_id, self.arch, self.searched = family, key_id, arch, searched
+        where = ", ".join(searched) if searched else "no bundles loaded"
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"no prebuilt kernel for family {family!r} key {key_id} on {arch}{extra}; "
+            f"bundles searched: {where}"
+        )
+
+
+class UnsupportedProblemError(CuteAotError, ValueError):
+    """The problem is outside what a family's kernels are built for."""
+
+
+class InputError(CuteAotError, ValueError):
+    """An op was called with tensors its kernels must not run on (dtype, shape, alignment...)."""
+
+
+class BuildError(CuteAotError):
+    """Compiling, linking or packing failed; names the family, key and architecture."""

@@ -1,0 +1,103 @@
+"""The bundle manifest: what a bundle holds, what built it, and the hashes that vouch for it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cute_aot.artifacts.errors import BundleFormatError
+
+# Version of the container layout and manifest schema; readers refuse versions they do not know.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kernel in the bundle's library."""
+
+    family: str
+    key: dict[str, Any]  # the key's canonical fields (family included)
+    key_id: str
+    symbol: str  # exported TVM-FFI function name in the library
+    sha256: str  # of the key's compiled object, as linked
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    arch: str
+    bundle_version: str
+    created_by: str
+    toolchain: dict[str, Any]
+    families: dict[str, dict[str, Any]]  # family -> {"version": int, "source_hash": str}
+    library: dict[str, Any]  # {"sha256", "size"} of the uncompressed shared library
+    payload: dict[str, Any]  # {"codec": "zstd", "sha256", "size"} of the stored bytes
+    entries: tuple[Entry, ...] = field(default_factory=tuple)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["entries"] = [asdict(entry) for entry in self.entries]
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, path: str = "<manifest>") -> Manifest:
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BundleFormatError(path, f"manifest is not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise BundleFormatError(path, "manifest is not a JSON object")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise BundleFormatError(
+                path, f"unknown manifest format version {version!r} (this reader: {FORMAT_VERSION})"
+            )
+        _expect(data, _MANIFEST_SCHEMA, path, "manifest")
+        entries = []
+        for index, raw_entry in enumerate(data["entries"]):
+            _expect(raw_entry, _ENTRY_SCHEMA, path, f"entry {index}")
+            entries.append(Entry(**raw_entry))
+        symbols = [entry.symbol for entry in entries]
+        if len(set(symbols)) != len(symbols):
+            raise BundleFormatError(path, "manifest lists a symbol twice")
+        data["entries"] = tuple(entries)
+        return cls(**data)
+
+    def entry_by_id(self) -> dict[str, Entry]:
+        return {entry.key_id: entry for entry in self.entries}
+
+
+_MANIFEST_SCHEMA = {
+    "format_version": int,
+    "name": str,
+    "arch": str,
+    "bundle_version": str,
+    "created_by": str,
+    "toolchain": dict,
+    "families": dict,
+    "library": dict,
+    "payload": dict,
+    "entries": list,
+}
+_ENTRY_SCHEMA = {
+    "family": str,
+    "key": dict,
+    "key_id": str,
+    "symbol": str,
+    "sha256": str,
+    "size": int,
+}
+
+
+def _expect(data: dict, schema: dict[str, type], path: str, what: str) -> None:
+    if set(data) != set(schema):
+        missing, extra = set(schema) - set(data), set(data) - set(schema)
+        raise BundleFormatError(
+            path, f"{what}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}"
+        )
+    for name, kind in schema.items():
+        if not isinstance(data[name], kind) or (kind is int and isinstance(data[name], bool)):
+            raise BundleFormatError(path, f"{what}: field {name!r} must be {kind.__name__}")

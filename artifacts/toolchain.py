@@ -1,0 +1,59 @@
+"""The toolchain fingerprint recorded in every bundle.
+
+TVM-FFI exports carry no version of their own, so a bundle says what built it: the cutlass-dsl
+distributions, tvm-ffi, and the CUDA runtime major it was linked against. Read from distribution
+metadata only: finding this out never imports cutlass.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+
+CUTLASS_DSL_PREFIX = "nvidia-cutlass-dsl"
+TVM_FFI_DIST = "apache-tvm-ffi"
+CUDA_RUNTIME_DIST = "nvidia-cuda-runtime"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def cutlass_dsl_versions() -> dict[str, str]:
+    """Every installed nvidia-cutlass-dsl* distribution and its version."""
+    found = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith(CUTLASS_DSL_PREFIX):
+            found[name] = dist.version
+    return dict(sorted(found.items()))
+
+
+def tvm_ffi_version() -> str | None:
+    return _version(TVM_FFI_DIST)
+
+
+def cuda_runtime_major() -> int | None:
+    """Major version of the CUDA runtime the build links in (the cu13 flavour -> 13)."""
+    version = _version(CUDA_RUNTIME_DIST)
+    return int(version.split(".")[0]) if version else None
+
+
+def fingerprint() -> dict:
+    """What built (or would build) a bundle on this machine."""
+    return {
+        "cutlass_dsl": cutlass_dsl_versions(),
+        "tvm_ffi": tvm_ffi_version(),
+        "cuda_runtime_major": cuda_runtime_major(),
+    }
+
+
+def abi_compatible_tvm_ffi(built_with: str | None, installed: str | None) -> bool:
+    """TVM-FFI keeps its C ABI within a minor series: compare major.minor."""
+    if not built_with or not installed:
+        return False
+    return built_with.split(".")[:2] == installed.split(".")[:2]

@@ -1,0 +1,47 @@
+"""What every kernel key is: a frozen value with a canonical JSON form and a stable id.
+
+A key holds everything that changes the binary. Its id is derived from the canonical JSON (sorted
+fields, family and family version included), so two keys that would compile differently can never
+share an id or an exported symbol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, ClassVar
+
+
+class KernelKey:
+    """Mixin for frozen dataclasses that are kernel keys. Subclasses set FAMILY."""
+
+    FAMILY: ClassVar[str]
+
+    def fields(self) -> dict[str, Any]:
+        return {"family": self.FAMILY, **dataclasses.asdict(self)}
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.fields(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:20]
+
+    @property
+    def symbol(self) -> str:
+        """The exported function name inside a bundle's library: unique per key."""
+        return f"{self.FAMILY}_{self.id}"
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]):
+        fields = dict(fields)
+        family = fields.pop("family", cls.FAMILY)
+        if family != cls.FAMILY:
+            raise ValueError(f"key of family {family!r} given to {cls.FAMILY!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(fields) != names:
+            raise ValueError(
+                f"{cls.FAMILY} key fields {sorted(fields)} differ from expected {sorted(names)}"
+            )
+        return cls(**fields)

@@ -1,0 +1,90 @@
+"""Open a bundle: verify it, check it fits this machine, load its library through TVM-FFI.
+
+Never imports cutlass. The library is written once into the cache dir under its sha256 (atomic,
+so concurrent servers never see a partial file); where the cache dir is not writable it is
+loaded from an anonymous in-memory file instead, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cute_aot.artifacts import toolchain
+from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.bundle import read_bundle
+from cute_aot.artifacts.errors import IncompatibleBundleError, KernelNotFoundError
+from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.runtime import paths
+
+
+@dataclass
+class LoadedBundle:
+    path: Path
+    manifest: Manifest
+    library_path: str
+    module: Any  # tvm_ffi.Module
+    entries: dict[str, Entry]  # key id -> entry
+    _functions: dict[str, Callable] = field(default_factory=dict)
+
+    @property
+    def arch(self) -> str:
+        return self.manifest.arch
+
+    def function(self, key_id: str) -> Callable:
+        """The TVM-FFI function of a key (looked up by symbol on first use, then cached)."""
+        function = self._functions.get(key_id)
+        if function is None:
+            entry = self.entries.get(key_id)
+            if entry is None:
+                raise KernelNotFoundError("?", key_id, self.arch, [str(self.path)])
+            function = self._functions[key_id] = self.module[entry.symbol]
+        return function
+
+
+def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> None:
+    """Refuse a bundle that cannot run here. gpu_arch None: no GPU to check against."""
+    if gpu_arch is not None and manifest.arch != gpu_arch:
+        raise IncompatibleBundleError(
+            path, f"built for {manifest.arch}, this GPU needs {gpu_arch}"
+        )
+    built, installed = manifest.toolchain.get("tvm_ffi"), toolchain.tvm_ffi_version()
+    if not toolchain.abi_compatible_tvm_ffi(built, installed):
+        raise IncompatibleBundleError(
+            path, f"built with apache-tvm-ffi {built}, this machine has {installed}"
+        )
+
+
+def _materialize(library: bytes, sha256: str) -> str:
+    """A path dlopen can load the library from."""
+    target = paths.cache_dir() / "libs" / f"{sha256}.so"
+    try:
+        if not (target.is_file() and target.stat().st_size == len(library)):
+            atomic_write(target, library, mode=0o555)
+        return str(target)
+    except OSError as exc:
+        warnings.warn(
+            f"cute-aot: cache dir {target.parent} is not writable ({exc.strerror}); "
+            "loading bundle libraries from memory",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    fd = os.memfd_create(f"cute-aot-{sha256[:16]}", 0)
+    os.write(fd, library)
+    return f"/proc/self/fd/{fd}"  # kept open for the life of the process, as dlopen needs
+
+
+def open_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> LoadedBundle:
+    """Verify, check and load one bundle file. gpu_arch: the architecture it must be built for."""
+    import tvm_ffi
+
+    path = Path(path)
+    manifest, library = read_bundle(path)
+    check_compatible(path, manifest, gpu_arch)
+    library_path = _materialize(library, manifest.library["sha256"])
+    module = tvm_ffi.load_module(library_path)
+    return LoadedBundle(path, manifest, library_path, module, manifest.entry_by_id())
