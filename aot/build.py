@@ -94,18 +94,28 @@ def build(
         for arch, keys in keys_by_arch.items():
             (Path(scratch) / arch).mkdir()
             tasks += [(key.FAMILY, key.fields(), arch, str(Path(scratch) / arch)) for key in keys]
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn())
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, disable=not show_progress, transient=False) as progress:
             rows = compile_objects(tasks, jobs, progress)
         failed = [row for row in rows if row["status"] != "ok"]
         if failed:
-            lines = [f"  {r['family']} key {r['key_id']} on {r['arch']}: {r['error']}" for r in failed]
-            raise BuildError(f"{len(failed)} of {len(rows)} kernels failed to compile:\n" + "\n".join(lines))
+            lines = [
+                f"  {r['family']} key {r['key_id']} on {r['arch']}: {r['error']}" for r in failed
+            ]
+            raise BuildError(
+                f"{len(failed)} of {len(rows)} kernels failed to compile:\n" + "\n".join(lines)
+            )
         by_symbol = {(row["arch"], row["symbol"]): row for row in rows}
         paths = []
         for arch, keys in keys_by_arch.items():
-            paths.append(_link_and_pack(arch, keys, by_symbol, out_dir, name, bundle_version, Path(scratch)))
+            paths.append(
+                _link_and_pack(arch, keys, by_symbol, out_dir, name, bundle_version, Path(scratch))
+            )
     return paths
 
 
@@ -114,8 +124,14 @@ def _link_and_pack(arch, keys, rows, out_dir, name, bundle_version, scratch) -> 
     objects = [Path(rows[(arch, key.symbol)]["object"]) for key in keys]
     library = link_library(objects, scratch / f"{name}-{arch}.so")
     entries = tuple(
-        Entry(family=key.FAMILY, key=key.fields(), key_id=key.id, symbol=key.symbol,
-              sha256=rows[(arch, key.symbol)]["sha256"], size=rows[(arch, key.symbol)]["size"])
+        Entry(
+            family=key.FAMILY,
+            key=key.fields(),
+            key_id=key.id,
+            symbol=key.symbol,
+            sha256=rows[(arch, key.symbol)]["sha256"],
+            size=rows[(arch, key.symbol)]["size"],
+        )
         for key in keys
     )
     families = {
@@ -123,9 +139,15 @@ def _link_and_pack(arch, keys, rows, out_dir, name, bundle_version, scratch) -> 
         for fam in sorted({key.FAMILY for key in keys})
     }
     manifest = Manifest(
-        name=name, arch=arch, bundle_version=bundle_version,
-        created_by=f"cute-aot {PACKAGE_VERSION}", toolchain=toolchain.fingerprint(),
-        families=families, library={}, payload={}, entries=entries,
+        name=name,
+        arch=arch,
+        bundle_version=bundle_version,
+        created_by=f"cute-aot {PACKAGE_VERSION}",
+        toolchain=toolchain.fingerprint(),
+        families=families,
+        library={},
+        payload={},
+        entries=entries,
     )
     path = out_dir / bundle_filename(name, arch)
     write_bundle(path, manifest, library)

@@ -28,19 +28,44 @@ def _parse_shape(ctx, param, values):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--arch", "archs", multiple=True,
-              help=f"Target GPU architecture, repeatable (default: {' '.join(DEFAULT_ARCHS)}).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("bundles"), show_default=True, help="Output folder for bundles.")
-@click.option("--shape", "shapes", multiple=True, callback=_parse_shape,
-              help="Extra router_gemm weight shape K,N (repeatable), added to the defaults.")
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    help=f"Target GPU architecture, repeatable (default: {' '.join(DEFAULT_ARCHS)}).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("bundles"),
+    show_default=True,
+    help="Output folder for bundles.",
+)
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    callback=_parse_shape,
+    help="Extra router_gemm weight shape K,N (repeatable), added to the defaults.",
+)
 @click.option("--no-default-shapes", is_flag=True, help="Build only the --shape shapes.")
-@click.option("--family", "families", multiple=True, type=click.Choice(FAMILIES),
-              help="Kernel families to build (default: all).")
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    type=click.Choice(FAMILIES),
+    help="Kernel families to build (default: all).",
+)
 @click.option("--name", default="default", show_default=True, help="Bundle name.")
 @click.option("--bundle-version", default=None, help="Version recorded in the manifest.")
-@click.option("-j", "--jobs", type=int, default=None,
-              help=f"Compile worker processes (default: {default_jobs()}).")
+@click.option(
+    "-j",
+    "--jobs",
+    type=int,
+    default=None,
+    help=f"Compile worker processes (default: {default_jobs()}).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def main(archs, out_dir, shapes, no_default_shapes, families, name, bundle_version, jobs, quiet):
     """Cross-compile CuTe DSL kernels on this (CPU-only) machine into one bundle per architecture."""
@@ -60,8 +85,10 @@ def main(archs, out_dir, shapes, no_default_shapes, families, name, bundle_versi
         sys.exit(1)
     for path in paths:
         manifest = read_manifest(path)
-        console.print(f"wrote {path} ({manifest.arch}, {len(manifest.entries)} kernels, "
-                      f"{path.stat().st_size / 1024:.0f} KiB)")
+        console.print(
+            f"wrote {path} ({manifest.arch}, {len(manifest.entries)} kernels, "
+            f"{path.stat().st_size / 1024:.0f} KiB)"
+        )
     console.print(f"done in {time.perf_counter() - started:.1f} s")
 
 

@@ -27,10 +27,19 @@ def compile_to_object(family_name: str, key_fields: dict, arch: str, out_dir: st
         os.replace(tmp, target)
     except Exception as exc:  # reported with its key; the build decides what failure means
         tmp.unlink(missing_ok=True)
-        row.update(status="failed", error=f"{type(exc).__name__}: {exc}",
-                   traceback=traceback.format_exc(), seconds=time.perf_counter() - started)
+        row.update(
+            status="failed",
+            error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+            seconds=time.perf_counter() - started,
+        )
         return row
     data = target.read_bytes()
-    row.update(status="ok", object=str(target), sha256=hashlib.sha256(data).hexdigest(),
-               size=len(data), seconds=time.perf_counter() - started)
+    row.update(
+        status="ok",
+        object=str(target),
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        seconds=time.perf_counter() - started,
+    )
     return row

@@ -50,7 +50,9 @@ def write_bundle(path: str | Path, manifest: Manifest, library: bytes) -> Manife
         payload={"codec": "zstd", "sha256": sha256(payload), "size": len(payload)},
     )
     raw_manifest = manifest.to_json()
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(raw_manifest), hashlib.sha256(raw_manifest).digest())
+    header = _HEADER.pack(
+        MAGIC, FORMAT_VERSION, 0, len(raw_manifest), hashlib.sha256(raw_manifest).digest()
+    )
     atomic_write(path, header + raw_manifest + payload)
     return manifest
 

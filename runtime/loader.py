@@ -49,9 +49,7 @@ class LoadedBundle:
 def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> None:
     """Refuse a bundle that cannot run here. gpu_arch None: no GPU to check against."""
     if gpu_arch is not None and manifest.arch != gpu_arch:
-        raise IncompatibleBundleError(
-            path, f"built for {manifest.arch}, this GPU needs {gpu_arch}"
-        )
+        raise IncompatibleBundleError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
     built, installed = manifest.toolchain.get("tvm_ffi"), toolchain.tvm_ffi_version()
     if not toolchain.abi_compatible_tvm_ffi(built, installed):
         raise IncompatibleBundleError(

@@ -1,7 +1,6 @@
 import struct
 
 import pytest
-
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import MAGIC, read_bundle, read_manifest, write_bundle
 from cute_aot.artifacts.errors import (
@@ -119,9 +118,13 @@ def test_missing_file(tmp_path):
 
 def test_manifest_schema_errors_are_typed():
     raw = _manifest().to_json()
-    for bad in [b"[]", b"{", raw.replace(b'"format_version":1', b'"format_version":99'),
-                raw.replace(b'"name":"test"', b'"name":7'),
-                raw.replace(b'"key_id"', b'"kid"')]:
+    for bad in [
+        b"[]",
+        b"{",
+        raw.replace(b'"format_version":1', b'"format_version":99'),
+        raw.replace(b'"name":"test"', b'"name":7'),
+        raw.replace(b'"key_id"', b'"kid"'),
+    ]:
         with pytest.raises(BundleFormatError):
             Manifest.from_json(bad)
 

@@ -1,5 +1,4 @@
 import pytest
-
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.router_gemm import (
     DEFAULT_SHAPES,

@@ -78,7 +78,9 @@ def check_problem(m: int, k: int, n: int, x_dtype: str = X_DTYPE, w_dtype: str =
     if not 1 <= m <= MAX_TOKENS:
         raise UnsupportedProblemError(f"router_gemm serves 1..{MAX_TOKENS} tokens, got M={m}")
     if k < K_DIVISOR or k % K_DIVISOR:
-        raise UnsupportedProblemError(f"router_gemm needs K % {K_DIVISOR} == 0 and K > 0, got K={k}")
+        raise UnsupportedProblemError(
+            f"router_gemm needs K % {K_DIVISOR} == 0 and K > 0, got K={k}"
+        )
     if n < 1:
         raise UnsupportedProblemError(f"router_gemm needs N >= 1 experts, got N={n}")
 

@@ -12,18 +12,23 @@ Design
   so consecutive threads read consecutive 16-byte words (coalesced).  For every
   chunk the thread loads w[n, chunk] once and x[m, chunk] for all M rows, and
   does 8 fp32 FMAs per row into its M accumulators.
-* K tail (K not a multiple of 8*block_size): the remaining elements are cut
-  into 4-element (64-bit) chunks spread over the threads (the last round
-  predicated on the thread index).  Because K % 8 == 0 is required (16-byte
-  row alignment), no scalar remainder can occur.
+* K tail, the k_tail = K mod (8*block_size) elements left after the full
+  rounds (a multiple of 8, since K % 8 == 0 is required for 16-byte row
+  alignment):
+  - k_tail == 4*block_size (e.g. K=7168 at 256 threads): one more full,
+    unpredicated round of 4-element (64-bit) chunks, every thread busy;
+  - otherwise: one predicated round of 8-element (128-bit) chunks done by the
+    first k_tail/8 threads.
+  No scalar remainder can occur because K % 8 == 0.
 * Reduction of each accumulator: butterfly shuffle inside each warp, one
   partial per (warp, m) in shared memory, then thread m (< M) sums the
   per-warp partials in a fixed order and writes out[m, n].  The result is
   deterministic (no atomics).
 * PDL: with ``pdl=True`` the kernel executes ``griddepcontrol.wait`` before
   it touches global memory, signals ``griddepcontrol.launch_dependents`` once
-  its loads are issued, and the launch sets programmatic stream serialization
-  (``use_pdl=True``).
+  its K loop (all of its global reads) is done, and the launch sets
+  programmatic stream serialization (``use_pdl=True``).  With ``pdl=False``
+  neither instruction is emitted and the attribute is off.
 
 This module imports cutlass at import time; it is only imported at build time
 or for JIT.
@@ -67,19 +72,23 @@ class RouterGemmDotProduct:
         self.block_size = block_size
         self.pdl = bool(pdl)
         self.num_warps = block_size // _WARP
+        # register cap 65536 / (block_size * min_ctas_per_sm) == 128 (64 at 1024)
+        self.min_ctas_per_sm = max(1, 512 // block_size)
 
-        # ---- static K schedule -------------------------------------------
-        # main part: full rounds in which every thread loads one 8-wide chunk
+        # ---- static K schedule (all compile-time) --------------------------
+        # main part [0, k_main): full rounds r = 0..R-1 in which thread t loads
+        # the 8-wide chunk c = t + r*block_size, i.e. elements [8c, 8c+8)
         self.main_rounds = k // (_VEC * block_size)
-        k_main = self.main_rounds * _VEC * block_size
-        # tail: [k_main, k) in 4-wide chunks, chunk j -> thread j % bs,
-        # round j // bs; the last round is predicated when partial.
-        k_tail = k - k_main
-        assert k_tail % _VEC_TAIL == 0  # follows from k % 8 == 0
-        self.k_main = k_main
-        self.tail_chunks = k_tail // _VEC_TAIL
-        self.tail_full_rounds = self.tail_chunks // block_size
-        self.tail_partial = self.tail_chunks % block_size  # threads in last round
+        self.k_main = self.main_rounds * _VEC * block_size
+        k_tail = k - self.k_main  # 0 <= k_tail < 8*block_size, k_tail % 8 == 0
+        # tail [k_main, k): either one full round of 4-wide chunks
+        # (thread t: elements [k_main + 4t, k_main + 4t + 4)) ...
+        self.tail4 = k_tail == _VEC_TAIL * block_size
+        # ... or one round of 8-wide chunks c = R*block_size + t for the first
+        # tail8_threads threads (elements [k_main + 8t, k_main + 8t + 8))
+        self.tail8_threads = 0 if self.tail4 else k_tail // _VEC
+        assert k_tail == (_VEC_TAIL * block_size if self.tail4 else _VEC * self.tail8_threads)
+        assert self.tail8_threads < block_size
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -97,10 +106,17 @@ class RouterGemmDotProduct:
             block=[self.block_size, 1, 1],
             stream=stream,
             use_pdl=self.pdl,
-            # `.minnctapersm 1`: without a launch bound ptxas -O3 aims at 64
-            # registers and spills at M=16 (measured); with it ptxas keeps all
-            # accumulators in registers and hoists the weight loads.
-            min_blocks_per_mp=1,
+            # Launch bound `.minnctapersm`.  Without one, ptxas -O3 aims at 64
+            # registers: it then spills at M=16 and issues few loads ahead.
+            # With it ptxas hoists the (unrolled) loads; the bound caps the
+            # registers at 65536 / (block_size * min_ctas) = 128, so >= 2 CTAs
+            # of 256 or 4 CTAs of 128 threads fit on an SM.
+            min_blocks_per_mp=self.min_ctas_per_sm,
+            # Must be set whenever min_blocks_per_mp > 1, or the DSL queries
+            # the (absent, when cross-compiling) GPU for its shared memory
+            # size.  -1 = CU_SHAREDMEM_CARVEOUT_DEFAULT ("no preference"): a
+            # no-op hint; the TVM-FFI export does not even carry it.
+            preferred_smem_carveout=-1,
         )
 
     # ---------------------------------------------------------------- device
@@ -141,7 +157,6 @@ class RouterGemmDotProduct:
         BS = self.block_size
         NW = self.num_warps
         R = self.main_rounds
-        TR = self.tail_full_rounds
 
         tidx, _, _ = cute.arch.thread_idx()
         n, _, _ = cute.arch.block_idx()  # expert row handled by this CTA
@@ -163,33 +178,33 @@ class RouterGemmDotProduct:
 
         w_row = w[n, None]  # (K,):(1,), 16-byte aligned since K % 8 == 0
 
-        # ---- issue every (unpredicated) weight load of this thread first -----
-        # main rounds: 8-wide chunk index tidx + r*BS, elements [8c, 8c+8)
+        # ---- issue every unpredicated weight load of this thread first -----
+        # main rounds: 8-wide chunk c = tidx + r*BS, elements [8c, 8c+8)
         if cutlass.const_expr(R > 0):
             w_main = cute.make_rmem_tensor(cute.make_layout((_VEC, R)), BFloat16)
             for r in cutlass.range_constexpr(R):
                 self._load_vec(w_row, tidx + r * BS, w_main[None, r], _VEC)
-        # tail rounds: 4-wide chunk index tail0 + tidx + r*BS; 4*tail0 == k_main
-        tail0 = self.k_main // _VEC_TAIL
-        if cutlass.const_expr(TR > 0):
-            w_tail = cute.make_rmem_tensor(cute.make_layout((_VEC_TAIL, TR)), BFloat16)
-            for r in cutlass.range_constexpr(TR):
-                self._load_vec(w_row, tail0 + tidx + r * BS, w_tail[None, r], _VEC_TAIL)
+        # full 4-wide tail round: 4-wide chunk c4 = k_main/4 + tidx,
+        # elements [k_main + 4*tidx, k_main + 4*tidx + 4)
+        c4 = self.k_main // _VEC_TAIL + tidx
+        if cutlass.const_expr(self.tail4):
+            w_t4 = cute.make_rmem_tensor((_VEC_TAIL,), BFloat16)
+            self._load_vec(w_row, c4, w_t4, _VEC_TAIL)
 
         # ---- FMAs (x loads are L1/L2 hits: every CTA reads the same x) ------
         for r in cutlass.range_constexpr(R):
             wf = w_main[None, r].load().to(Float32)
             self._fma_rows(acc, wf, x, tidx + r * BS, _VEC)
-        for r in cutlass.range_constexpr(TR):
-            wf = w_tail[None, r].load().to(Float32)
-            self._fma_rows(acc, wf, x, tail0 + tidx + r * BS, _VEC_TAIL)
-        if cutlass.const_expr(self.tail_partial > 0):
-            # last, partial tail round: only the first tail_partial threads
-            if tidx < self.tail_partial:
-                c = tail0 + tidx + TR * BS
-                w_last = cute.make_rmem_tensor((_VEC_TAIL,), BFloat16)
-                self._load_vec(w_row, c, w_last, _VEC_TAIL)
-                self._fma_rows(acc, w_last.load().to(Float32), x, c, _VEC_TAIL)
+        if cutlass.const_expr(self.tail4):
+            self._fma_rows(acc, w_t4.load().to(Float32), x, c4, _VEC_TAIL)
+        if cutlass.const_expr(self.tail8_threads > 0):
+            # partial 8-wide tail round: chunk c8 = R*BS + tidx, elements
+            # [k_main + 8*tidx, k_main + 8*tidx + 8), first tail8_threads threads
+            if tidx < self.tail8_threads:
+                c8 = R * BS + tidx
+                w_t8 = cute.make_rmem_tensor((_VEC,), BFloat16)
+                self._load_vec(w_row, c8, w_t8, _VEC)
+                self._fma_rows(acc, w_t8.load().to(Float32), x, c8, _VEC)
 
         if cutlass.const_expr(self.pdl):
             # this thread's global reads are done; the next kernel may launch
@@ -228,6 +243,4 @@ def compile_dot_product(m: int, k: int, block_size: int, pdl: bool, arch: str):
     w = cute.runtime.make_fake_tensor(BFloat16, (n, k), (k, 1), assumed_align=16)
     out = cute.runtime.make_fake_tensor(Float32, (m, n), (n, 1), assumed_align=16)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(
-        op, x, w, out, stream, options=f"--gpu-arch {arch} --enable-tvm-ffi"
-    )
+    return cute.compile(op, x, w, out, stream, options=f"--gpu-arch {arch} --enable-tvm-ffi")

@@ -162,7 +162,7 @@ def _issue_tile_loads(g_base, row_ok, row_off, s_off, s_stage_base, k_tile, chun
     """One loader thread's share (4 x 16-byte cp.async) of one 16 x 256 operand tile."""
     kcol = k_tile * _TILE_K + chunk * 8
     k_ok = kcol < K
-    for j in cutlass.range_constexpr(_PASSES):
+    for j in range(_PASSES):  # trace-time unrolled (plain Python helper)
         valid = row_ok[j] & k_ok
         # Out-of-range chunks read nothing (src-size 0 -> 16 zero bytes) from a
         # clamped, always-valid address (the tensor base).
@@ -180,9 +180,7 @@ class RouterGemmSplitK:
         if not 1 <= split_k <= 8:
             raise ValueError(f"RouterGemmSplitK: split_k must be in [1, 8], got {split_k}")
         if not 1 <= num_stages <= 8:
-            raise ValueError(
-                f"RouterGemmSplitK: num_stages must be in [1, 8], got {num_stages}"
-            )
+            raise ValueError(f"RouterGemmSplitK: num_stages must be in [1, 8], got {num_stages}")
         self.split_k = split_k
         self.num_stages = num_stages
         self.pdl = bool(pdl)
@@ -287,7 +285,14 @@ class RouterGemmSplitK:
                 n_pre = cutlass.min(n_local, S)
                 for i in cutlass.range(n_pre):
                     _issue_tile_loads(
-                        w_gbase, w_row_ok, w_row_off, s_off, sw_base + i * _STAGE_BYTES, kt_begin + i, chunk, K
+                        w_gbase,
+                        w_row_ok,
+                        w_row_off,
+                        s_off,
+                        sw_base + i * _STAGE_BYTES,
+                        kt_begin + i,
+                        chunk,
+                        K,
                     )
                 cute.arch.griddepcontrol_wait()
 
@@ -301,14 +306,35 @@ class RouterGemmSplitK:
                 if cutlass.const_expr(self.pdl):
                     if i >= S:
                         _issue_tile_loads(
-                        w_gbase, w_row_ok, w_row_off, s_off, sw_base + stage * _STAGE_BYTES, kt_begin + i, chunk, K
-                    )
+                            w_gbase,
+                            w_row_ok,
+                            w_row_off,
+                            s_off,
+                            sw_base + stage * _STAGE_BYTES,
+                            kt_begin + i,
+                            chunk,
+                            K,
+                        )
                 else:
                     _issue_tile_loads(
-                        w_gbase, w_row_ok, w_row_off, s_off, sw_base + stage * _STAGE_BYTES, kt_begin + i, chunk, K
+                        w_gbase,
+                        w_row_ok,
+                        w_row_off,
+                        s_off,
+                        sw_base + stage * _STAGE_BYTES,
+                        kt_begin + i,
+                        chunk,
+                        K,
                     )
                 _issue_tile_loads(
-                    x_gbase, x_row_ok, x_row_off, s_off, sx_base + stage * _STAGE_BYTES, kt_begin + i, chunk, K
+                    x_gbase,
+                    x_row_ok,
+                    x_row_off,
+                    s_off,
+                    sx_base + stage * _STAGE_BYTES,
+                    kt_begin + i,
+                    chunk,
+                    K,
                 )
                 # Arrives (without a pending-count increment) once ALL prior
                 # cp.async of this thread have landed, i.e. also the prologue
