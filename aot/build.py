@@ -9,6 +9,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 from cute_aot.aot.compile_worker import compile_to_object
 from cute_aot.aot.link import link_library
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
@@ -17,7 +19,6 @@ from cute_aot.artifacts.errors import BuildError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.kernels import family, source_hash
 from cute_aot.kernels.arch import normalize_arch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 
 @dataclass

@@ -7,11 +7,12 @@ import time
 from pathlib import Path
 
 import click
+from rich.console import Console
+
 from cute_aot.aot.build import BuildPlan, build, default_jobs
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.kernels import FAMILIES
-from rich.console import Console
 
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import zstandard
+
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.errors import BundleFormatError, BundleIntegrityError
 from cute_aot.artifacts.manifest import FORMAT_VERSION, Manifest

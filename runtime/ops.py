@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from cute_aot.artifacts.errors import InputError
 from cute_aot.kernels import router_gemm as router_family
 from cute_aot.kernels.router_gemm import ALIGN_BYTES, K_DIVISOR

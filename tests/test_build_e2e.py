@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+
 from cute_aot.aot.build import build
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.kernels import source_hash

@@ -1,6 +1,7 @@
 import struct
 
 import pytest
+
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import MAGIC, read_bundle, read_manifest, write_bundle
 from cute_aot.artifacts.errors import (

@@ -1,4 +1,5 @@
 import pytest
+
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.router_gemm import (
     DEFAULT_SHAPES,

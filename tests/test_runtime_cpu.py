@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 import torch
+
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import write_bundle
 from cute_aot.artifacts.errors import IncompatibleBundleError, InputError, KernelNotFoundError
 from cute_aot.runtime.loader import open_bundle
 from cute_aot.runtime.ops import router_gemm
 from cute_aot.runtime.registry import Registry
-
 from tests.test_bundle import _manifest
 
 NOT_A_LIBRARY = b"this would crash dlopen if it were ever reached"
