@@ -12,12 +12,12 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from cute_aot.aot.compile_worker import compile_to_object
-from cute_aot.aot.link import link_library
-from cute_aot.artifacts import PACKAGE_VERSION, toolchain
-from cute_aot.artifacts.bundle import bundle_filename, write_bundle
+from cute_aot.aot.pack import pack_bundle
+from cute_aot.artifacts import PACKAGE_VERSION
+from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.bundle import bundle_filename
 from cute_aot.artifacts.errors import BuildError
-from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family, source_hash
+from cute_aot.kernels import family
 from cute_aot.kernels.arch import normalize_arch
 
 
@@ -114,42 +114,13 @@ def build(
         by_symbol = {(row["arch"], row["symbol"]): row for row in rows}
         paths = []
         for arch, keys in keys_by_arch.items():
-            paths.append(
-                _link_and_pack(arch, keys, by_symbol, out_dir, name, bundle_version, Path(scratch))
-            )
+            paths.append(_link_and_pack(arch, keys, by_symbol, out_dir, name, bundle_version))
     return paths
 
 
-def _link_and_pack(arch, keys, rows, out_dir, name, bundle_version, scratch) -> Path:
-    keys = sorted(keys, key=lambda key: key.symbol)  # link order fixes the library's bytes
-    objects = [Path(rows[(arch, key.symbol)]["object"]) for key in keys]
-    library = link_library(objects, scratch / f"{name}-{arch}.so")
-    entries = tuple(
-        Entry(
-            family=key.FAMILY,
-            key=key.fields(),
-            key_id=key.id,
-            symbol=key.symbol,
-            sha256=rows[(arch, key.symbol)]["sha256"],
-            size=rows[(arch, key.symbol)]["size"],
-        )
-        for key in keys
-    )
-    families = {
-        fam: {"version": family(fam).FAMILY_VERSION, "source_hash": source_hash(fam)}
-        for fam in sorted({key.FAMILY for key in keys})
-    }
-    manifest = Manifest(
-        name=name,
-        arch=arch,
-        bundle_version=bundle_version,
-        created_by=f"cute-aot {PACKAGE_VERSION}",
-        toolchain=toolchain.fingerprint(),
-        families=families,
-        library={},
-        payload={},
-        entries=entries,
-    )
+def _link_and_pack(arch, keys, rows, out_dir, name, bundle_version) -> Path:
+    objects = {key: rows[(arch, key.symbol)] for key in keys}
+    _, data = pack_bundle(name, arch, objects, bundle_version)
     path = out_dir / bundle_filename(name, arch)
-    write_bundle(path, manifest, library)
+    atomic_write(path, data)
     return path

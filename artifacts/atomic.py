@@ -29,3 +29,31 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Pat
             pass
         raise
     return path
+
+
+def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o444) -> bool:
+    """Publish `data` at `path` unless someone already did; True if this call published it.
+
+    Written to a unique temporary name, fsynced, then hard-linked into place: link() fails if the
+    name exists, so the first publisher wins and readers only ever see complete files. No file
+    lock is involved (flock is unreliable on NFS, where shared caches live).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass

@@ -42,8 +42,8 @@ def bundle_filename(name: str, arch: str) -> str:
     return f"{name}-{arch}{BUNDLE_SUFFIX}"
 
 
-def write_bundle(path: str | Path, manifest: Manifest, library: bytes) -> Manifest:
-    """Compress `library`, complete the manifest's hashes and write the bundle atomically."""
+def encode_bundle(manifest: Manifest, library: bytes) -> tuple[Manifest, bytes]:
+    """Compress `library` and complete the manifest's hashes; returns the file's bytes."""
     payload = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(library)
     manifest = replace(
         manifest,
@@ -54,7 +54,13 @@ def write_bundle(path: str | Path, manifest: Manifest, library: bytes) -> Manife
     header = _HEADER.pack(
         MAGIC, FORMAT_VERSION, 0, len(raw_manifest), hashlib.sha256(raw_manifest).digest()
     )
-    atomic_write(path, header + raw_manifest + payload)
+    return manifest, header + raw_manifest + payload
+
+
+def write_bundle(path: str | Path, manifest: Manifest, library: bytes) -> Manifest:
+    """Write a bundle atomically (a reader sees the old file or the new one, never a mix)."""
+    manifest, data = encode_bundle(manifest, library)
+    atomic_write(path, data)
     return manifest
 
 

@@ -2,13 +2,13 @@
 
 Never imports cutlass. The library is written once into the cache dir under its sha256 (atomic,
 so concurrent servers never see a partial file); where the cache dir is not writable it is
-loaded from an anonymous in-memory file instead, and nothing is written.
+loaded from a private temporary file that is removed as soon as it is mapped.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,7 @@ from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.errors import IncompatibleBundleError, KernelNotFoundError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.runtime import paths
+from cute_aot.runtime.notices import warn_once
 
 
 @dataclass
@@ -57,32 +58,32 @@ def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> No
         )
 
 
-def _materialize(library: bytes, sha256: str) -> str:
-    """A path dlopen can load the library from."""
+def _load_library(library: bytes, sha256: str):
+    """dlopen the library via TVM-FFI; returns (module, path it was loaded from)."""
+    import tvm_ffi
+
     target = paths.cache_dir() / "libs" / f"{sha256}.so"
     try:
         if not (target.is_file() and target.stat().st_size == len(library)):
             atomic_write(target, library, mode=0o555)
-        return str(target)
     except OSError as exc:
-        warnings.warn(
-            f"cute-aot: cache dir {target.parent} is not writable ({exc.strerror}); "
-            "loading bundle libraries from memory",
-            RuntimeWarning,
-            stacklevel=3,
+        warn_once(
+            ("cache-unwritable", str(target.parent)),
+            f"cache dir {target.parent} is not writable ({exc.strerror}); loading bundle "
+            "libraries from private temporary files instead",
         )
-    fd = os.memfd_create(f"cute-aot-{sha256[:16]}", 0)
-    os.write(fd, library)
-    return f"/proc/self/fd/{fd}"  # kept open for the life of the process, as dlopen needs
+        # A private temporary file, removed as soon as it is mapped: nothing is left behind.
+        with tempfile.NamedTemporaryFile(prefix="cute-aot-", suffix=".so") as handle:
+            handle.write(library)
+            handle.flush()
+            return tvm_ffi.load_module(handle.name), handle.name
+    return tvm_ffi.load_module(str(target)), str(target)
 
 
 def open_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> LoadedBundle:
     """Verify, check and load one bundle file. gpu_arch: the architecture it must be built for."""
-    import tvm_ffi
-
     path = Path(path)
     manifest, library = read_bundle(path)
     check_compatible(path, manifest, gpu_arch)
-    library_path = _materialize(library, manifest.library["sha256"])
-    module = tvm_ffi.load_module(library_path)
+    module, library_path = _load_library(library, manifest.library["sha256"])
     return LoadedBundle(path, manifest, library_path, module, manifest.entry_by_id())

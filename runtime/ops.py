@@ -10,6 +10,9 @@ from cute_aot.artifacts.errors import InputError
 from cute_aot.kernels import router_gemm as router_family
 from cute_aot.kernels.router_gemm import ALIGN_BYTES, K_DIVISOR
 from cute_aot.runtime.device import device_arch
+from cute_aot.runtime.jit import JitUnavailableError
+from cute_aot.runtime.mode import Mode, current_mode
+from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.registry import REGISTRY
 
 # (m, k, n, device index) -> TVM-FFI function; filled on the first call of each shape.
@@ -59,22 +62,37 @@ def _check_out(out: torch.Tensor, m: int, n: int, device: torch.device) -> None:
         raise InputError("router_gemm: out must be contiguous and 16-byte aligned")
 
 
+def _torch_router_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+    """Last resort of mode auto when no kernel can be had: same math, cuBLAS speed."""
+    torch.mm(x.float(), w.float().t(), out=out)
+
+
 def resolve_router_gemm(m: int, k: int, n: int, device_index: int) -> Callable:
     """Dispatch a problem to its kernel's function (the slow path, once per shape and device)."""
     arch = device_arch(device_index)
     if arch is None:
         major, minor = torch.cuda.get_device_capability(device_index)
         raise InputError(
-            f"router_gemm: no bundles are built for compute capability {major}.{minor}"
+            f"router_gemm: no kernels are built for compute capability {major}.{minor}"
         )
     key = router_family.dispatch(m, k, n, arch)
-    function = REGISTRY.function(router_family.FAMILY, key.id, arch)
+    try:
+        function = REGISTRY.resolve(key, arch, {"m": m, "k": k, "n": n})
+    except JitUnavailableError as exc:
+        if current_mode() is not Mode.AUTO:
+            raise
+        warn_once(("torch-fallback", key.id, arch), f"{exc}; using torch.mm instead")
+        function = _torch_router_gemm
     _router_functions[(m, k, n, device_index)] = function
     return function
 
 
 def router_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """out[M, N] (fp32) = x[M, K] (bf16) @ w[N, K]^T (bf16), on the current torch stream."""
+    if torch.compiler.is_compiling():
+        # torch.compile sees the custom op (with its fake implementation), not this Python.
+        result = torch.ops.cute_aot.router_gemm(x, w)
+        return result if out is None else out.copy_(result)
     _check_router_inputs(x, w)
     m, k = x.shape
     n = w.shape[0]
@@ -88,3 +106,19 @@ def router_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = Non
         _check_out(out, m, n, x.device)
     function(x, w, out)  # TVM-FFI takes the device from the tensors and the stream from torch
     return out
+
+
+@torch.library.custom_op("cute_aot::router_gemm", mutates_args=())
+def router_gemm_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """router_gemm as a torch op: torch.compile does not trace into it; CUDA graphs capture it."""
+    return router_gemm(x, w)
+
+
+@router_gemm_op.register_fake
+def _router_gemm_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+
+
+def forget_resolutions() -> None:
+    """Tests and mode changes: resolve every shape again on its next call."""
+    _router_functions.clear()

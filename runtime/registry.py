@@ -1,4 +1,7 @@
-"""Which loaded bundle serves which (architecture, family, key)."""
+"""Which kernel serves which (architecture, family, key): the one resolution function.
+
+resolve() decides, by mode: bundle -> overlay -> JIT (auto), bundle only (aot), JIT only (jit).
+"""
 
 from __future__ import annotations
 
@@ -7,26 +10,76 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_manifest
-from cute_aot.artifacts.errors import KernelNotFoundError
-from cute_aot.runtime import paths
+from cute_aot.artifacts.errors import (
+    BundleError,
+    IncompatibleBundleError,
+    KernelNotFoundError,
+)
+from cute_aot.artifacts.manifest import Manifest
+from cute_aot.kernels import family as family_module
+from cute_aot.kernels import source_hash
+from cute_aot.runtime import jit, overlay, paths
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
+from cute_aot.runtime.misses import record_miss
+from cute_aot.runtime.mode import Mode, current_mode
+from cute_aot.runtime.notices import warn_once
+
+
+class StaleBundleError(IncompatibleBundleError):
+    """A bundle built from other kernel sources or another compiler than the installed ones."""
+
+
+def stale_reasons(manifest: Manifest) -> dict[str, str]:
+    """family -> why this bundle's kernels of that family differ from the installed package."""
+    reasons = {}
+    installed_dsl = toolchain.cutlass_dsl_versions()
+    for name, facts in manifest.families.items():
+        try:
+            module = family_module(name)
+        except Exception:
+            reasons[name] = "family unknown to the installed cute-aot"
+            continue
+        if facts.get("version") != module.FAMILY_VERSION:
+            reasons[name] = f"family version {facts.get('version')} != {module.FAMILY_VERSION}"
+        elif facts.get("source_hash") != source_hash(name):
+            reasons[name] = "kernel source hash differs from the installed package"
+        elif installed_dsl and manifest.toolchain.get("cutlass_dsl") != installed_dsl:
+            reasons[name] = (
+                f"built with {manifest.toolchain.get('cutlass_dsl')}, installed {installed_dsl}"
+            )
+    return reasons
 
 
 class Registry:
     def __init__(self) -> None:
         self.bundles: list[LoadedBundle] = []
+        self.overlay_bundles: dict[tuple[str, str], LoadedBundle] = {}
+        self.stale: dict[tuple[str, str], list[str]] = {}  # (arch, family) -> reasons
         self._index: dict[tuple[str, str, str], LoadedBundle] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._env_loaded = False
 
+    # -- loading ---------------------------------------------------------------------------------
     def add(self, bundle: LoadedBundle) -> None:
+        reasons = stale_reasons(bundle.manifest)
+        for name, reason in reasons.items():
+            if current_mode() is Mode.AOT:
+                raise StaleBundleError(bundle.path, f"stale for {name}: {reason}")
+            warn_once(
+                ("stale", str(bundle.path), name),
+                f"{bundle.path}: not used for {name} ({reason}); falling back",
+            )
         with self._lock:
             self.bundles.append(bundle)
+            for name, reason in reasons.items():
+                self.stale.setdefault((bundle.arch, name), []).append(f"{bundle.path}: {reason}")
             for entry in bundle.manifest.entries:
-                # first loaded wins: explicit paths are loaded before CUTE_AOT_BUNDLES
-                self._index.setdefault((bundle.arch, entry.family, entry.key_id), bundle)
+                if entry.family not in reasons:
+                    # first loaded wins: explicit paths are loaded before CUTE_AOT_BUNDLES
+                    self._index.setdefault((bundle.arch, entry.family, entry.key_id), bundle)
 
     def load(self, *sources: str | os.PathLike, gpu_arch: str | None = None) -> list[LoadedBundle]:
         """Load bundle files, and the bundles of `gpu_arch` found in folders.
@@ -49,23 +102,69 @@ class Registry:
 
     def load_from_env(self) -> None:
         """Load CUTE_AOT_BUNDLES once per process."""
-        if not self._env_loaded:
+        with self._lock:
+            if self._env_loaded:
+                return
             self._env_loaded = True
-            self.load(*paths.bundle_search_paths())
+        self.load(*paths.bundle_search_paths())
 
-    def function(self, family: str, key_id: str, arch: str) -> Callable:
+    # -- resolution ------------------------------------------------------------------------------
+    def bundle_function(self, family: str, key_id: str, arch: str) -> Callable | None:
         bundle = self._index.get((arch, family, key_id))
-        if bundle is None:
+        if bundle is None and not self._env_loaded:
             self.load_from_env()
             bundle = self._index.get((arch, family, key_id))
+        return bundle.function(key_id) if bundle else None
+
+    def overlay_function(self, key, arch: str) -> Callable | None:
+        slot = (arch, key.id)
+        bundle = self.overlay_bundles.get(slot)
         if bundle is None:
-            searched = [str(b.path) for b in self.bundles if b.arch == arch]
-            raise KernelNotFoundError(family, key_id, arch, searched)
-        return bundle.function(key_id)
+            path = overlay.overlay_path(key, arch)
+            if not path.is_file():
+                return None
+            try:
+                bundle = open_bundle(path, arch)
+            except BundleError as exc:  # a damaged overlay entry is a miss, never a crash
+                warn_once(("overlay-bad", str(path)), f"ignoring overlay entry: {exc}")
+                return None
+            self.overlay_bundles[slot] = bundle
+        return bundle.function(key.id)
+
+    def resolve(self, key, arch: str, problem: dict | None = None) -> Callable:
+        """The function serving `key` on `arch`, by the current mode (see cute_aot.runtime.mode)."""
+        mode = current_mode()
+        if mode is not Mode.JIT:
+            function = self.bundle_function(key.FAMILY, key.id, arch)
+            if function is not None:
+                return function
+            if mode is Mode.AOT:
+                searched = [str(b.path) for b in self.bundles if b.arch == arch]
+                stale = "; ".join(self.stale.get((arch, key.FAMILY), []))
+                raise KernelNotFoundError(
+                    key.FAMILY,
+                    key.id,
+                    arch,
+                    searched,
+                    detail=f"{key.describe()}; mode aot"
+                    + (f"; stale bundles: {stale}" if stale else ""),
+                )
+            function = self.overlay_function(key, arch)
+            if function is not None:
+                return function
+            warn_once(
+                ("miss", arch, key.id),
+                f"no prebuilt {key.FAMILY} kernel for {problem or key.describe()} on {arch} "
+                f"(key {key.id}); compiling it now (JIT) and recording the miss",
+            )
+            record_miss(key, arch, problem or {})
+        return jit.compiled_function(key, arch, publish=mode is Mode.AUTO)
 
     def clear(self) -> None:
         with self._lock:
             self.bundles.clear()
+            self.overlay_bundles.clear()
+            self.stale.clear()
             self._index.clear()
             self._env_loaded = False
 

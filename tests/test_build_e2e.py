@@ -8,24 +8,17 @@ import textwrap
 
 import pytest
 
-from cute_aot.aot.build import build
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.kernels import source_hash
-from cute_aot.kernels.router_gemm import dispatch
+from tests.conftest import ARCHS, PROBLEMS
 
 pytestmark = pytest.mark.slow
 
-# One dot-product key and one split-K key: both kernels, both architectures.
-PROBLEMS = [(2, 4096, 256), (12, 7168, 256)]
-ARCHS = ["sm_90a", "sm_100a"]
 
 
-@pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bundles")
-    plan = {arch: sorted({dispatch(*p, arch) for p in PROBLEMS}, key=str) for arch in ARCHS}
-    paths = build(plan, out, name="e2e", jobs=2, show_progress=False)
-    return out, paths, plan
+@pytest.fixture
+def bundles(small_bundles):
+    return small_bundles
 
 
 def test_one_bundle_per_arch_with_every_key(bundles):
@@ -72,7 +65,7 @@ def test_fresh_process_loads_and_dispatches_without_cutlass(bundles, tmp_path):
         functions = {{}}
         for m, k, n in {PROBLEMS!r}:
             key = dispatch(m, k, n, "sm_90a")
-            functions[key.id] = type(REGISTRY.function("router_gemm", key.id, "sm_90a")).__name__
+            functions[key.id] = type(REGISTRY.resolve(key, "sm_90a")).__name__
         print(json.dumps({{
             "archs": [b.arch for b in loaded],
             "functions": functions,

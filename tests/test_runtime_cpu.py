@@ -7,10 +7,9 @@ import torch
 
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import write_bundle
-from cute_aot.artifacts.errors import IncompatibleBundleError, InputError, KernelNotFoundError
+from cute_aot.artifacts.errors import IncompatibleBundleError, InputError
 from cute_aot.runtime.loader import open_bundle
 from cute_aot.runtime.ops import router_gemm
-from cute_aot.runtime.registry import Registry
 from tests.test_bundle import _manifest
 
 NOT_A_LIBRARY = b"this would crash dlopen if it were ever reached"
@@ -37,15 +36,6 @@ def test_tvm_ffi_compatibility_rule():
     assert toolchain.abi_compatible_tvm_ffi("0.1.15.post2", "0.1.16")
     assert not toolchain.abi_compatible_tvm_ffi("0.1.15", "0.2.0")
     assert not toolchain.abi_compatible_tvm_ffi(None, "0.1.15")
-
-
-def test_a_miss_names_family_key_arch_and_bundles_searched(monkeypatch):
-    monkeypatch.delenv("CUTE_AOT_BUNDLES", raising=False)
-    with pytest.raises(KernelNotFoundError) as info:
-        Registry().function("router_gemm", "abc123", "sm_90a")
-    message = str(info.value)
-    assert "router_gemm" in message and "abc123" in message and "sm_90a" in message
-    assert "no bundles loaded" in message
 
 
 def _bf16(*shape):

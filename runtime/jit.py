@@ -1,0 +1,98 @@
+"""JIT fallback: compile a missing kernel in this process (cutlass is imported here, lazily).
+
+cute.compile is a process-wide singleton and not thread-safe: every compile holds one lock, and
+concurrent misses of one key wait for the first one's result instead of compiling again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.runtime import overlay
+from cute_aot.runtime.notices import warn_once
+
+_compile_lock = threading.Lock()
+_table_lock = threading.Lock()
+_results: dict[tuple[str, str], Future] = {}
+compile_count = 0  # compiles done by this process (tests and benchmarks read it)
+published: list[str] = []  # key ids this process published to the overlay
+
+
+class JitUnavailableError(CuteAotError):
+    """This process cannot compile (nvidia-cutlass-dsl is not installed or does not import)."""
+
+
+def jit_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cutlass") is not None
+
+
+def compiled_function(key, arch: str, publish: bool) -> Callable:
+    """The kernel of `key` for `arch`, compiled once per process; published to the overlay."""
+    slot = (arch, key.id)
+    with _table_lock:
+        future = _results.get(slot)
+        owner = future is None
+        if owner:
+            future = _results[slot] = Future()
+    if not owner:
+        return future.result()
+    try:
+        function = _compile(key, arch, publish)
+    except BaseException as exc:
+        with _table_lock:
+            _results.pop(slot, None)
+        future.set_exception(exc)
+        raise
+    future.set_result(function)
+    return function
+
+
+def _compile(key, arch: str, publish: bool) -> Callable:
+    global compile_count
+    if not jit_available():
+        raise JitUnavailableError(
+            f"cannot JIT-compile {key.FAMILY} key {key.id} for {arch}: nvidia-cutlass-dsl is not "
+            "installed (pip install 'cute-aot[build]')"
+        )
+    from cute_aot.kernels import family_builder
+
+    with _compile_lock:
+        compiled = family_builder(key.FAMILY).compile(key, arch)
+        compile_count += 1
+        if publish:
+            _publish(compiled, key, arch)
+    return compiled
+
+
+def _publish(compiled, key, arch: str) -> None:
+    """Export, link and publish as a one-kernel bundle; any failure only turns the overlay off."""
+    try:
+        from cute_aot.aot.pack import pack_bundle
+
+        with tempfile.TemporaryDirectory(prefix="cute-aot-jit-") as scratch:
+            obj = Path(scratch) / f"{key.symbol}.o"
+            compiled.export_to_c(
+                str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True
+            )
+            data = obj.read_bytes()
+            row = {
+                "object": str(obj),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+            }
+            _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row})
+        if overlay.publish(key, arch, bundle):
+            published.append(key.id)
+    except (OSError, CuteAotError) as exc:
+        warn_once(
+            ("overlay-publish", str(overlay.overlay_root())),
+            f"overlay cache off: cannot publish JIT results under {overlay.overlay_root()} ({exc})",
+        )

@@ -1,0 +1,61 @@
+"""The miss log: one JSON line per kernel a server had to compile, ready for the next build.
+
+`aot-build --from-misses FILE` builds exactly these keys; `CUTE_AOT_MISS_LOG` chooses the file
+(default: misses.jsonl in the cache dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from cute_aot.artifacts import toolchain
+from cute_aot.runtime import paths
+from cute_aot.runtime.notices import warn_once
+
+MISS_LOG_ENV = "CUTE_AOT_MISS_LOG"
+
+
+def miss_log_path() -> Path:
+    return Path(os.environ.get(MISS_LOG_ENV) or paths.cache_dir() / "misses.jsonl")
+
+
+def record_miss(key, arch: str, problem: dict) -> None:
+    line = json.dumps(
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "family": key.FAMILY,
+            "key_id": key.id,
+            "key": key.fields(),
+            "arch": arch,
+            "problem": problem,
+            "toolchain": toolchain.fingerprint(),
+        },
+        sort_keys=True,
+    )
+    path = miss_log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # One write() of one line with O_APPEND: lines from concurrent processes never interleave.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        warn_once(("miss-log", str(path)), f"cannot write the miss log {path} ({exc.strerror})")
+
+
+def read_misses(path: str | os.PathLike) -> list[dict]:
+    """Every well-formed miss line of a log (torn or foreign lines are skipped)."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and {"family", "key", "arch"} <= set(record):
+            records.append(record)
+    return records
