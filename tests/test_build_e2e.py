@@ -15,7 +15,6 @@ from tests.conftest import ARCHS, PROBLEMS
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture
 def bundles(small_bundles):
     return small_bundles

@@ -114,9 +114,7 @@ def test_jit_mode_always_compiles_and_never_publishes(fresh_runtime, small_bundl
 
 def _restamp(path, tmp_path, **family_changes):
     manifest, library = read_bundle(path)
-    families = {
-        name: {**facts, **family_changes} for name, facts in manifest.families.items()
-    }
+    families = {name: {**facts, **family_changes} for name, facts in manifest.families.items()}
     stale = tmp_path / path.name
     write_bundle(stale, dataclasses.replace(manifest, families=families), library)
     return stale

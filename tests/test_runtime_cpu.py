@@ -72,3 +72,38 @@ def test_input_errors_are_value_errors():
 def test_shape_errors(x, w, message):
     with pytest.raises(InputError, match=message):
         router_gemm(x, w)
+
+
+def test_router_shapes_come_from_moe_gate_weights():
+    from cute_aot.runtime import router_shapes
+
+    class Block(torch.nn.Module):
+        def __init__(self, k, n):
+            super().__init__()
+            self.gate = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+            self.gate_proj = torch.nn.Linear(k, 4 * k, bias=False, dtype=torch.bfloat16)
+
+    class Router(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = torch.nn.Linear(2880, 128, bias=False, dtype=torch.bfloat16)
+
+    model = torch.nn.ModuleDict(
+        {"a": Block(64, 8), "b": Block(64, 8), "c": Block(128, 16), "d": Router()}
+    )
+    assert router_shapes(model) == [(64, 8), (128, 16), (2880, 128)]
+    assert router_shapes(torch.nn.Linear(64, 8, dtype=torch.bfloat16)) == []
+    fp32 = torch.nn.ModuleDict({"a": torch.nn.ModuleDict({"gate": torch.nn.Linear(64, 8)})})
+    assert router_shapes(fp32) == []
+
+
+def test_custom_op_has_a_fake_implementation():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import cute_aot.runtime  # noqa: F401  (registers the op)
+
+    with FakeTensorMode():
+        x = torch.empty(4, 64, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(8, 64, dtype=torch.bfloat16, device="cuda")
+        out = torch.ops.cute_aot.router_gemm(x, w)
+    assert out.shape == (4, 8) and out.dtype == torch.float32

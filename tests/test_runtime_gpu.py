@@ -1,0 +1,115 @@
+"""Runtime on a real GPU: JIT fallback, overlay reuse across processes, torch.compile, warm-up.
+
+Needs nvidia-cutlass-dsl on the GPU machine (the JIT path compiles there).
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.test_router_gemm_gpu import _check, _inputs  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# K = 2880 (gpt-oss-style router): not in the default bundles, so every call here misses.
+MISS_PROBLEMS = [(1, 2880, 128), (3, 2880, 128), (8, 2880, 128), (16, 2880, 128)]
+
+
+def test_jit_fallback_results_are_correct(fresh_runtime):
+    from cute_aot.runtime import jit, router_gemm
+
+    before = jit.compile_count
+    for m, k, n in MISS_PROBLEMS:
+        x, w = _inputs(m, k, n)
+        with pytest.warns(RuntimeWarning, match="compiling it now"):
+            out = router_gemm(x, w)
+        torch.cuda.synchronize()
+        _check(out, x, w)
+    assert jit.compile_count > before
+
+
+PROCESS = textwrap.dedent(
+    """
+    import json, sys, time, warnings
+    import torch
+    torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+    warnings.simplefilter("ignore")
+    start = time.perf_counter()
+    from cute_aot.runtime import jit, router_gemm
+    results = []
+    for m, k, n in {problems!r}:
+        x = torch.ones(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.ones(n, k, device="cuda", dtype=torch.bfloat16)
+        results.append(router_gemm(x, w).mean().item())
+    torch.cuda.synchronize()
+    print(json.dumps({{"seconds": time.perf_counter() - start, "compiles": jit.compile_count,
+                       "cutlass": "cutlass" in sys.modules, "results": results}}))
+    """
+).format(problems=MISS_PROBLEMS)
+
+
+def test_second_process_reuses_the_overlay_without_compiling(tmp_path):
+    env = {**__import__("os").environ, "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("CUTE_AOT_BUNDLES", None)
+    runs = []
+    for _ in range(2):
+        result = subprocess.run(
+            [sys.executable, "-c", PROCESS], env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    print(
+        f"\nfirst process (JIT + publish): {first['seconds']:.2f} s, {first['compiles']} compiles; "
+        f"second process (overlay): {second['seconds'] * 1e3:.1f} ms, {second['compiles']} compiles"
+    )
+    assert first["compiles"] >= 1
+    assert second["compiles"] == 0 and second["cutlass"] is False
+    assert second["results"] == first["results"] == [2880.0] * len(MISS_PROBLEMS)
+
+
+def test_torch_compile_of_a_module_using_the_op(fresh_runtime):
+    from cute_aot.runtime import load_bundles, router_gemm
+
+    load_bundles(__import__("os").environ.get("CUTE_AOT_BUNDLES", "bundles"))
+
+    class Gate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(_inputs(1, 7168, 256)[1], requires_grad=False)
+
+        def forward(self, hidden):
+            return torch.softmax(router_gemm(hidden, self.weight), dim=-1)
+
+    gate = Gate()
+    compiled = torch.compile(gate, fullgraph=True)
+    for m in (1, 4, 8, 16):
+        x = _inputs(m, 7168, 256)[0]
+        expected = gate(x)
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_preload_model_resolves_every_router_shape(fresh_runtime):
+    from cute_aot.runtime import load_bundles, preload_model
+    from cute_aot.runtime.ops import _router_functions
+
+    load_bundles(__import__("os").environ.get("CUTE_AOT_BUNDLES", "bundles"))
+    model = torch.nn.ModuleDict(
+        {
+            "mlp": torch.nn.ModuleDict(
+                {
+                    "gate": torch.nn.Linear(
+                        7168, 256, bias=False, dtype=torch.bfloat16, device="cuda"
+                    )
+                }
+            )
+        }
+    )
+    assert preload_model(model) == [(7168, 256)]
+    device = torch.cuda.current_device()
+    assert all((m, 7168, 256, device) in _router_functions for m in range(1, 17))
