@@ -57,3 +57,12 @@ def abi_compatible_tvm_ffi(built_with: str | None, installed: str | None) -> boo
     if not built_with or not installed:
         return False
     return built_with.split(".")[:2] == installed.split(".")[:2]
+
+
+def same_cutlass_dsl(built: dict[str, str], installed: dict[str, str]) -> bool:
+    """Same compiler: the main distribution's version matches, and so does every flavour library
+    installed on both sides (a machine may carry cu12 and cu13 libraries; one of them compiled)."""
+    main = CUTLASS_DSL_PREFIX
+    if not built.get(main) or built.get(main) != installed.get(main):
+        return False
+    return all(built[name] == installed[name] for name in built.keys() & installed.keys())

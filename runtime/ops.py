@@ -15,8 +15,8 @@ from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.registry import REGISTRY
 
-# (m, k, n, device index) -> TVM-FFI function; filled on the first call of each shape.
-_router_functions: dict[tuple[int, int, int, int], Callable] = {}
+# (m, k, n, x's device, w's device) -> TVM-FFI function; filled on the first call of a shape.
+_router_functions: dict[tuple[int, int, int, int, int], Callable] = {}
 
 
 def _check_router_inputs(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -83,28 +83,46 @@ def resolve_router_gemm(m: int, k: int, n: int, device_index: int) -> Callable:
             raise
         warn_once(("torch-fallback", key.id, arch), f"{exc}; using torch.mm instead")
         function = _torch_router_gemm
-    _router_functions[(m, k, n, device_index)] = function
+    _router_functions[(m, k, n, device_index, device_index)] = function
     return function
 
 
 def router_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """out[M, N] (fp32) = x[M, K] (bf16) @ w[N, K]^T (bf16), on the current torch stream."""
+    """out[M, N] (fp32) = x[M, K] (bf16) @ w[N, K]^T (bf16), on the current torch stream.
+
+    The hit path is one dict lookup and one TVM-FFI call: the exported function itself checks
+    dtypes, shapes, strides, alignment and devices in C against what the kernel was built for.
+    Anything unusual (first call of a shape, a refused argument) takes the checked path below,
+    which names the problem precisely.
+    """
     if torch.compiler.is_compiling():
         # torch.compile sees the custom op (with its fake implementation), not this Python.
         result = torch.ops.cute_aot.router_gemm(x, w)
         return result if out is None else out.copy_(result)
+    try:
+        m, k = x.shape
+        n = w.shape[0]
+        function = _router_functions[(m, k, n, x.get_device(), w.get_device())]
+        if out is None:
+            out = torch.empty((m, n), dtype=torch.float32, device=x.device)
+        function(x, w, out)
+        return out
+    except Exception as exc:  # noqa: BLE001  (re-raised below unless the checked path explains it)
+        return _router_gemm_checked(x, w, out, exc)
+
+
+def _router_gemm_checked(x, w, out, failure: Exception) -> torch.Tensor:
     _check_router_inputs(x, w)
     m, k = x.shape
     n = w.shape[0]
-    device_index = x.device.index
-    function = _router_functions.get((m, k, n, device_index))
-    if function is None:
-        function = resolve_router_gemm(m, k, n, device_index)
+    if out is not None:
+        _check_out(out, m, n, x.device)
+    if not isinstance(failure, KeyError):
+        raise failure  # inputs are fine: a real failure of the kernel call
+    function = resolve_router_gemm(m, k, n, x.get_device())
     if out is None:
         out = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    else:
-        _check_out(out, m, n, x.device)
-    function(x, w, out)  # TVM-FFI takes the device from the tensors and the stream from torch
+    function(x, w, out)
     return out
 
 

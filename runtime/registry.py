@@ -46,7 +46,9 @@ def stale_reasons(manifest: Manifest) -> dict[str, str]:
             reasons[name] = f"family version {facts.get('version')} != {module.FAMILY_VERSION}"
         elif facts.get("source_hash") != source_hash(name):
             reasons[name] = "kernel source hash differs from the installed package"
-        elif installed_dsl and manifest.toolchain.get("cutlass_dsl") != installed_dsl:
+        elif installed_dsl and not toolchain.same_cutlass_dsl(
+            manifest.toolchain.get("cutlass_dsl") or {}, installed_dsl
+        ):
             reasons[name] = (
                 f"built with {manifest.toolchain.get('cutlass_dsl')}, installed {installed_dsl}"
             )

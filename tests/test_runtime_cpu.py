@@ -107,3 +107,18 @@ def test_custom_op_has_a_fake_implementation():
         w = torch.empty(8, 64, dtype=torch.bfloat16, device="cuda")
         out = torch.ops.cute_aot.router_gemm(x, w)
     assert out.shape == (4, 8) and out.dtype == torch.float32
+
+
+def test_same_cutlass_dsl_ignores_flavours_present_on_one_side_only():
+    built = {
+        "nvidia-cutlass-dsl": "4.8.1",
+        "nvidia-cutlass-dsl-libs-cu12": "4.8.1",
+        "nvidia-cutlass-dsl-libs-cu13": "4.8.1",
+    }
+    server = {"nvidia-cutlass-dsl": "4.8.1", "nvidia-cutlass-dsl-libs-cu13": "4.8.1"}
+    assert toolchain.same_cutlass_dsl(built, server)
+    assert not toolchain.same_cutlass_dsl(built, {**server, "nvidia-cutlass-dsl": "4.9.0"})
+    assert not toolchain.same_cutlass_dsl(
+        built, {**server, "nvidia-cutlass-dsl-libs-cu13": "4.8.0"}
+    )
+    assert not toolchain.same_cutlass_dsl({}, server)
