@@ -122,3 +122,19 @@ def test_same_cutlass_dsl_ignores_flavours_present_on_one_side_only():
         built, {**server, "nvidia-cutlass-dsl-libs-cu13": "4.8.0"}
     )
     assert not toolchain.same_cutlass_dsl({}, server)
+
+
+def test_kernels_are_resolved_per_device_architecture(monkeypatch):
+    """Each device index is asked for its own capability: a Hopper and a Blackwell GPU in one
+    process get kernels of their own architecture."""
+    from cute_aot.runtime import device
+
+    device.device_arch.cache_clear()
+    capabilities = {0: (9, 0), 1: (10, 0), 2: (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capabilities[index])
+    try:
+        assert device.device_arch(0) == "sm_90a"
+        assert device.device_arch(1) == "sm_100a"
+        assert device.device_arch(2) is None
+    finally:
+        device.device_arch.cache_clear()
