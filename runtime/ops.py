@@ -126,15 +126,17 @@ def _router_gemm_checked(x, w, out, failure: Exception) -> torch.Tensor:
     return out
 
 
-@torch.library.custom_op("cute_aot::router_gemm", mutates_args=())
-def router_gemm_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """router_gemm as a torch op: torch.compile does not trace into it; CUDA graphs capture it."""
-    return router_gemm(x, w)
-
-
-@router_gemm_op.register_fake
-def _router_gemm_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+# router_gemm as a torch op, so torch.compile does not trace into the Python above and CUDA graphs
+# capture it. Defined with an explicit schema and a Meta kernel (which fake tensors use): unlike
+# torch.library.custom_op this costs ~0.2 ms at import instead of pulling in torchgen (~50 ms).
+_library = torch.library.Library("cute_aot", "DEF")
+_library.define("router_gemm(Tensor x, Tensor w) -> Tensor")
+_library.impl("router_gemm", lambda x, w: router_gemm(x, w), "CUDA")
+_library.impl(
+    "router_gemm",
+    lambda x, w: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32),
+    "Meta",
+)
 
 
 def forget_resolutions() -> None:
