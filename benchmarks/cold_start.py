@@ -51,15 +51,21 @@ def call_all(functions):
 CHILDREN = {
     "bundle": """
 start = time.perf_counter()
+import tvm_ffi
+imported_tvm_ffi = time.perf_counter()
 from cute_aot.runtime import open_bundle
+imported = time.perf_counter()
 bundle_path = [p for p in os.listdir(set_dir) if p.endswith(".cuteaot")][0]
 bundle = open_bundle(os.path.join(set_dir, bundle_path), gpu_arch="sm_90a" if gpu else None)
+opened = time.perf_counter()
 functions = [bundle.function(entry["key_id"]) for entry in keys]
 ready = time.perf_counter()
 if gpu:
     call_all(functions)
 end = time.perf_counter()
-print(json.dumps({"ready_s": ready - start, "total_s": end - start, "cutlass": "cutlass" in sys.modules}))
+print(json.dumps({"ready_s": ready - start, "total_s": end - start, "cutlass": "cutlass" in sys.modules,
+                  "import_tvm_ffi_s": imported_tvm_ffi - start, "import_cute_aot_s": imported - imported_tvm_ffi,
+                  "open_bundle_s": opened - imported, "lookups_s": ready - opened}))
 """,
     "peers_load_module": """
 start = time.perf_counter()
