@@ -1,24 +1,43 @@
-"""The build: enumerate keys -> compile in worker processes -> link per architecture -> pack."""
+"""The build: plan keys -> objects (build cache or compile pool) -> link per architecture -> pack.
+
+Everything is ordered canonically (architectures as in SUPPORTED_ARCHS, keys by symbol), so a
+plain build, a cached rebuild and a merge of shards link the same objects in the same order and
+write byte-identical bundles.
+"""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import shutil
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
+from cute_aot.aot.build_cache import BuildCache
+from cute_aot.aot.compile_pool import CompileCall, Worker, default_jobs, run_compiles
 from cute_aot.aot.compile_worker import compile_to_object
 from cute_aot.aot.pack import pack_bundle
+from cute_aot.aot.shard import Shard, load_shards, write_shard_file
 from cute_aot.artifacts import PACKAGE_VERSION
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import bundle_filename
 from cute_aot.artifacts.errors import BuildError
 from cute_aot.kernels import family
-from cute_aot.kernels.arch import normalize_arch
+from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
+
+__all__ = ["BuildOutcome", "BuildPlan", "build", "default_jobs", "merge", "run_build"]
 
 
 @dataclass
@@ -40,32 +59,99 @@ class BuildPlan:
         return keys
 
 
-def default_jobs() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
+def keys_by_arch(plan: BuildPlan | dict[str, list]) -> dict[str, list]:
+    """{arch: keys} in canonical order: archs by SUPPORTED_ARCHS, keys by symbol, each once."""
+    if isinstance(plan, BuildPlan):
+        plan = {normalize_arch(arch): plan.keys(normalize_arch(arch)) for arch in plan.archs}
+    resolved: dict[str, dict] = {}
+    for arch, keys in plan.items():
+        resolved.setdefault(normalize_arch(arch), {}).update({key.symbol: key for key in keys})
+    order = list(SUPPORTED_ARCHS)
+    return {
+        arch: [by_symbol[symbol] for symbol in sorted(by_symbol)]
+        for arch, by_symbol in sorted(resolved.items(), key=lambda item: order.index(item[0]))
+    }
 
 
-def _pool(jobs: int) -> ProcessPoolExecutor:
-    # spawn: workers start clean (no forked locks or CUDA state); each imports cutlass once.
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+@dataclass
+class BuildOutcome:
+    name: str  # of the bundles
+    rows: list[dict]  # one per planned key (of this shard), in canonical order
+    bundles: list[Path] = field(default_factory=list)
+    incomplete: dict[str, int] = field(default_factory=dict)  # arch -> failed keys, no bundle
+    shard_folder: Path | None = None
+    jobs: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[dict]:
+        return [row for row in self.rows if row["status"] != "ok"]
 
 
-def compile_objects(tasks: list[tuple], jobs: int, progress: Progress | None) -> list[dict]:
-    """Run compile_to_object over tasks (family, key_fields, arch, out_dir)."""
-    rows = []
-    bar = progress.add_task("compiling", total=len(tasks)) if progress else None
-    if jobs <= 1:
-        for task in tasks:
-            rows.append(compile_to_object(*task))
-            if progress:
-                progress.advance(bar)
-        return rows
-    with _pool(jobs) as pool:
-        futures = [pool.submit(compile_to_object, *task) for task in tasks]
-        for future in as_completed(futures):
-            rows.append(future.result())
-            if progress:
-                progress.advance(bar)
-    return rows
+def run_build(
+    plan: BuildPlan | dict[str, list],
+    out_dir: Path,
+    *,
+    name: str = "default",
+    bundle_version: str = PACKAGE_VERSION,
+    jobs: int | None = None,
+    cache: BuildCache | None = None,
+    allow_failures: bool = False,
+    shard: Shard | None = None,
+    show_progress: bool = True,
+    worker: Worker = compile_to_object,
+) -> BuildOutcome:
+    """Build every planned key (or one shard's slice of them) into out_dir.
+
+    A failed key never stops the others; its architecture gets no bundle unless allow_failures,
+    in which case the bundle holds the keys that compiled. A shard writes its objects and rows
+    to `out_dir/<name>.shard-<i>-of-<n>/` for `merge` instead of bundles.
+    """
+    started = time.perf_counter()
+    plan_keys = keys_by_arch(plan)
+    out_dir = Path(out_dir)
+    todo = [(arch, key) for arch, keys in plan_keys.items() for key in keys]
+    if shard:
+        todo = shard.select(todo)
+    with _work_folder(out_dir, shard.folder_name(name) if shard else None) as folder:
+        rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress, worker)
+        outcome = BuildOutcome(name, [rows[(arch, key.symbol)] for arch, key in todo], jobs=jobs)
+        if shard:
+            write_shard_file(folder, shard, name, bundle_version, plan_keys, outcome.rows)
+            outcome.shard_folder = out_dir / shard.folder_name(name)
+        else:
+            outcome.bundles, outcome.incomplete = write_bundles(
+                plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures
+            )
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def merge(
+    shard_paths: list[Path],
+    out_dir: Path,
+    *,
+    cache: BuildCache | None = None,
+    allow_failures: bool = False,
+) -> BuildOutcome:
+    """Link the objects of every shard of one build into its bundles, as a plain build would."""
+    started = time.perf_counter()
+    merged = load_shards(shard_paths)
+    rows = [
+        merged.rows[(arch, k.symbol)] for arch, keys in merged.keys_by_arch.items() for k in keys
+    ]
+    bundles, incomplete = write_bundles(
+        merged.keys_by_arch,
+        merged.rows,
+        Path(out_dir),
+        merged.name,
+        merged.bundle_version,
+        cache,
+        allow_failures,
+    )
+    return BuildOutcome(
+        merged.name, rows, bundles, incomplete, seconds=time.perf_counter() - started
+    )
 
 
 def build(
@@ -75,52 +161,153 @@ def build(
     bundle_version: str = PACKAGE_VERSION,
     jobs: int | None = None,
     show_progress: bool = True,
+    cache: BuildCache | None = None,
 ) -> list[Path]:
     """Build one bundle per architecture into out_dir; returns their paths.
 
-    `plan` is a BuildPlan, or explicitly {arch: [keys]}.
-
-    A bundle is written only when every key of its architecture compiled: a failed key raises
-    BuildError naming the key and architecture, and no bundle file is left half-written.
+    `plan` is a BuildPlan, or explicitly {arch: [keys]}. A failed key raises BuildError naming
+    every failed key and architecture, after the architectures that compiled completely have
+    been written; no bundle file is ever left half-written.
     """
-    if isinstance(plan, BuildPlan):
-        archs = [normalize_arch(arch) for arch in plan.archs]
-        keys_by_arch = {arch: plan.keys(arch) for arch in archs}
-    else:
-        keys_by_arch = {normalize_arch(arch): list(keys) for arch, keys in plan.items()}
-    jobs = jobs or default_jobs()
-    out_dir = Path(out_dir)
-    with tempfile.TemporaryDirectory(prefix="cute-aot-build-") as scratch:
-        tasks = []
-        for arch, keys in keys_by_arch.items():
-            (Path(scratch) / arch).mkdir()
-            tasks += [(key.FAMILY, key.fields(), arch, str(Path(scratch) / arch)) for key in keys]
-        columns = (
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, disable=not show_progress, transient=False) as progress:
-            rows = compile_objects(tasks, jobs, progress)
-        failed = [row for row in rows if row["status"] != "ok"]
-        if failed:
-            lines = [
-                f"  {r['family']} key {r['key_id']} on {r['arch']}: {r['error']}" for r in failed
-            ]
-            raise BuildError(
-                f"{len(failed)} of {len(rows)} kernels failed to compile:\n" + "\n".join(lines)
-            )
-        by_symbol = {(row["arch"], row["symbol"]): row for row in rows}
-        paths = []
-        for arch, keys in keys_by_arch.items():
-            paths.append(_link_and_pack(arch, keys, by_symbol, out_dir, name, bundle_version))
-    return paths
+    outcome = run_build(
+        plan,
+        out_dir,
+        name=name,
+        bundle_version=bundle_version,
+        jobs=jobs,
+        cache=cache,
+        show_progress=show_progress,
+    )
+    if outcome.failed:
+        raise BuildError(describe_failures(outcome.failed, len(outcome.rows)))
+    return outcome.bundles
 
 
-def _link_and_pack(arch, keys, rows, out_dir, name, bundle_version) -> Path:
-    objects = {key: rows[(arch, key.symbol)] for key in keys}
-    _, data = pack_bundle(name, arch, objects, bundle_version)
+def describe_failures(failed: list[dict], total: int, limit: int = 20) -> str:
+    """The failed keys, each with its family, key id, architecture and error (first `limit`)."""
+    lines = [f"  {r['family']} key {r['key_id']} on {r['arch']}: {r['error']}" for r in failed]
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"  ... and {len(lines) - limit} more (see the build report)"]
+    return f"{len(failed)} of {total} kernels failed to compile:\n" + "\n".join(lines)
+
+
+@contextmanager
+def _work_folder(out_dir: Path, shard_folder: str | None) -> Iterator[Path]:
+    """Scratch for a plain build; for a shard, a folder that replaces `shard_folder` at the end."""
+    if shard_folder is None:
+        with tempfile.TemporaryDirectory(prefix="cute-aot-build-") as scratch:
+            yield Path(scratch)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{shard_folder}.", dir=out_dir))
+    work.chmod(0o755)  # mkdtemp makes it private; CI artifact uploads and other users read it
+    try:
+        yield work
+        final = out_dir / shard_folder
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(work, final)  # a shard folder is complete or absent
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _make_objects(todo, objects_dir, jobs, cache, show_progress, worker):
+    """Objects for every (arch, key): from the cache where possible, else compiled."""
+    rows: dict[tuple[str, str], dict] = {}
+    planned = {(arch, key.symbol): key for arch, key in todo}
+    calls = []
+    for arch, key in todo:
+        target = objects_dir / arch / f"{key.symbol}.o"
+        row = cache.fetch_object(key, arch, target) if cache else None
+        if row is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            calls.append(CompileCall(key, arch, target.parent))
+        else:
+            rows[(arch, key.symbol)] = row
+    jobs = max(1, min(jobs or default_jobs(), len(calls) or 1))
+    with _compile_progress(len(todo), len(rows), show_progress) as on_compiled:
+
+        def on_row(row: dict) -> None:
+            row.setdefault("cached", False)
+            where = (row["arch"], row["symbol"])
+            rows[where] = row
+            if cache and row["status"] == "ok":
+                cache.store_object(planned[where], row["arch"], row)
+            on_compiled(row)
+
+        run_compiles(calls, jobs, on_row, worker)
+    return rows, jobs
+
+
+@contextmanager
+def _compile_progress(total: int, cached: int, show: bool):
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    failed = 0
+
+    def note() -> str:
+        return f"{cached} cached" + (f", [red]{failed} failed[/red]" if failed else "")
+
+    with Progress(*columns, disable=not show, transient=False) as progress:
+        # Cached keys count as done from the start, so the ETA reflects compiles only.
+        bar = progress.add_task("compiling", total=total, completed=cached, note=note())
+
+        def on_compiled(row: dict) -> None:
+            nonlocal failed
+            failed += row["status"] != "ok"
+            progress.update(bar, advance=1, note=note())
+
+        yield on_compiled
+
+
+def write_bundles(
+    plan_keys: dict[str, list],
+    rows: dict[tuple[str, str], dict],
+    out_dir: Path,
+    name: str,
+    bundle_version: str,
+    cache: BuildCache | None,
+    allow_failures: bool,
+) -> tuple[list[Path], dict[str, int]]:
+    """One bundle per architecture whose keys all compiled (or, allowing failures, any did)."""
+    paths, incomplete = [], {}
+    for arch, keys in plan_keys.items():
+        good = [key for key in keys if rows[(arch, key.symbol)]["status"] == "ok"]
+        if len(good) < len(keys):
+            incomplete[arch] = len(keys) - len(good)
+            if not allow_failures or not good:
+                continue
+        objects = {key: rows[(arch, key.symbol)] for key in good}
+        paths.append(_write_bundle(arch, objects, out_dir, name, bundle_version, cache))
+    return paths, incomplete
+
+
+def _write_bundle(arch, objects, out_dir, name, bundle_version, cache) -> Path:
+    ordered = [objects[key] for key in sorted(objects, key=lambda key: key.symbol)]
+    digest = cache.bundle_digest(name, arch, bundle_version, ordered) if cache else None
+    data = cache.fetch_bundle(digest) if cache else None
+    if data is None:
+        try:
+            _, data = pack_bundle(name, arch, objects, bundle_version)
+        except BuildError as exc:
+            raise BuildError(f"bundle {name!r} for {arch}: {exc}") from None
+        if cache:
+            cache.store_bundle(digest, data)
     path = out_dir / bundle_filename(name, arch)
-    atomic_write(path, data)
+    if not _same_bytes(path, data):  # an unchanged bundle keeps its file (and mtime)
+        atomic_write(path, data)
     return path
+
+
+def _same_bytes(path: Path, data: bytes) -> bool:
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False

@@ -11,6 +11,7 @@ import time
 import traceback
 from pathlib import Path
 
+from cute_aot.aot.binary_info import inspect_object
 from cute_aot.kernels import family, family_builder
 
 
@@ -40,6 +41,9 @@ def compile_to_object(family_name: str, key_fields: dict, arch: str, out_dir: st
         object=str(target),
         sha256=hashlib.sha256(data).hexdigest(),
         size=len(data),
+        # Registers, shared memory, SASS mix (cuobjdump/nvdisasm, when installed): known here
+        # only, since linking renames the local symbol that marks each kernel's fatbin.
+        gpu_binary=inspect_object(target),
         seconds=time.perf_counter() - started,
     )
     return row

@@ -32,6 +32,7 @@ def pack_bundle(
             symbol=key.symbol,
             sha256=objects[key]["sha256"],
             size=objects[key]["size"],
+            gpu_binary=objects[key].get("gpu_binary"),
         )
         for key in keys
     )

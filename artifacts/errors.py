@@ -32,6 +32,27 @@ class IncompatibleBundleError(BundleError):
     """A sound bundle that does not fit this machine (GPU architecture, toolchain)."""
 
 
+class MissingLibraryError(IncompatibleBundleError):
+    """The bundle's library needs a shared library this machine cannot provide; `library` names it."""
+
+    def __init__(self, path, library: str, message: str):
+        self.library = library
+        super().__init__(path, message)
+
+
+class SignatureError(BundleError):
+    """The trust policy refuses the bundle: unsigned where a signature is required, signed by a
+    key that is not trusted, or a signature that does not match the manifest."""
+
+
+class KeyFileError(CuteAotError):
+    """A signing key or trusted public key file cannot be used; `path` names it."""
+
+    def __init__(self, path, message: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")
+
+
 class KernelNotFoundError(CuteAotError, LookupError):
     """No loaded bundle holds the kernel a problem dispatches to."""
 

@@ -22,6 +22,10 @@ class Entry:
     symbol: str  # exported TVM-FFI function name in the library
     sha256: str  # of the key's compiled object, as linked
     size: int
+    # Optional, recorded at build time (see aot/binary_info.py): the kernel's fatbin sha256/size,
+    # its cubins' SM numbers and, where cuobjdump/nvdisasm were installed, per-function resources
+    # and SASS opcode counts. Absent in bundles built without it; omitted from JSON when None.
+    gpu_binary: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -36,17 +40,23 @@ class Manifest:
     payload: dict[str, Any]  # {"codec": "zstd", "sha256", "size"} of the stored bytes
     entries: tuple[Entry, ...] = field(default_factory=tuple)
     format_version: int = FORMAT_VERSION
+    # {"algorithm": "ed25519", "key_id", "value"} (see artifacts/signing.py); None: unsigned,
+    # omitted from JSON so unsigned manifests stay byte-identical to older ones.
+    signature: dict[str, Any] | None = None
 
     def to_json(self) -> bytes:
         data = asdict(self)
-        data["entries"] = [asdict(entry) for entry in self.entries]
+        data["entries"] = [_entry_json(entry) for entry in self.entries]
+        if data["signature"] is None:
+            del data["signature"]
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, path: str = "<manifest>") -> Manifest:
         try:
             data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # ValueError: also integers too long to convert; RecursionError: nesting too deep
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise BundleFormatError(path, f"manifest is not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise BundleFormatError(path, "manifest is not a JSON object")
@@ -55,10 +65,12 @@ class Manifest:
             raise BundleFormatError(
                 path, f"unknown manifest format version {version!r} (this reader: {FORMAT_VERSION})"
             )
-        _expect(data, _MANIFEST_SCHEMA, path, "manifest")
+        _expect(data, _MANIFEST_SCHEMA, path, "manifest", _OPTIONAL_MANIFEST_FIELDS)
         entries = []
         for index, raw_entry in enumerate(data["entries"]):
-            _expect(raw_entry, _ENTRY_SCHEMA, path, f"entry {index}")
+            if not isinstance(raw_entry, dict):
+                raise BundleFormatError(path, f"entry {index} is not a JSON object")
+            _expect(raw_entry, _ENTRY_SCHEMA, path, f"entry {index}", _OPTIONAL_ENTRY_FIELDS)
             entries.append(Entry(**raw_entry))
         symbols = [entry.symbol for entry in entries]
         if len(set(symbols)) != len(symbols):
@@ -90,14 +102,27 @@ _ENTRY_SCHEMA = {
     "sha256": str,
     "size": int,
 }
+_OPTIONAL_ENTRY_FIELDS = {"gpu_binary": dict}
+_OPTIONAL_MANIFEST_FIELDS = {"signature": dict}
 
 
-def _expect(data: dict, schema: dict[str, type], path: str, what: str) -> None:
-    if set(data) != set(schema):
-        missing, extra = set(schema) - set(data), set(data) - set(schema)
+def _entry_json(entry: Entry) -> dict:
+    data = asdict(entry)
+    if data["gpu_binary"] is None:
+        del data["gpu_binary"]  # manifests without it stay byte-identical to older ones
+    return data
+
+
+def _expect(
+    data: dict, schema: dict[str, type], path: str, what: str, optional: dict | None = None
+) -> None:
+    optional = {name: kind for name, kind in (optional or {}).items() if name in data}
+    if set(data) != set(schema) | set(optional):
+        missing = set(schema) - set(data)
+        extra = set(data) - set(schema) - set(optional)
         raise BundleFormatError(
             path, f"{what}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}"
         )
-    for name, kind in schema.items():
+    for name, kind in {**schema, **optional}.items():
         if not isinstance(data[name], kind) or (kind is int and isinstance(data[name], bool)):
             raise BundleFormatError(path, f"{what}: field {name!r} must be {kind.__name__}")

@@ -4,33 +4,44 @@ unless a kernel is missing and the mode allows compiling it.
     from cute_aot.runtime import load_bundles, router_gemm
     load_bundles("bundles/")            # or set CUTE_AOT_BUNDLES
     logits = router_gemm(x, w)          # x [M, K] bf16, w [N, K] bf16 -> [M, N] fp32
+
+Names are imported on first use, so tools that only read bundles (`aot-cache`, `aot-build`)
+do not pay for torch.
 """
 
-from cute_aot.runtime import mode as _mode
-from cute_aot.runtime.loader import LoadedBundle, open_bundle
-from cute_aot.runtime.mode import Mode, current_mode
-from cute_aot.runtime.ops import forget_resolutions, router_gemm
-from cute_aot.runtime.registry import REGISTRY, StaleBundleError, load_bundles
-from cute_aot.runtime.warmup import preload, preload_model, router_shapes
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "LoadedBundle": "cute_aot.runtime.loader",
+    "open_bundle": "cute_aot.runtime.loader",
+    "Mode": "cute_aot.runtime.mode",
+    "current_mode": "cute_aot.runtime.mode",
+    "router_gemm": "cute_aot.runtime.ops",
+    "forget_resolutions": "cute_aot.runtime.ops",
+    "REGISTRY": "cute_aot.runtime.registry",
+    "StaleBundleError": "cute_aot.runtime.registry",
+    "load_bundles": "cute_aot.runtime.registry",
+    "preload": "cute_aot.runtime.warmup",
+    "preload_model": "cute_aot.runtime.warmup",
+    "router_shapes": "cute_aot.runtime.warmup",
+}
+__all__ = [*_EXPORTS, "set_mode"]
 
 
-def set_mode(mode: str | Mode | None) -> None:
+def set_mode(mode) -> None:
     """Set the process-wide mode (auto | aot | jit; None: CUTE_AOT_MODE) for the next calls."""
+    from cute_aot.runtime import mode as _mode
+    from cute_aot.runtime.ops import forget_resolutions
+
     _mode.set_mode(mode)
     forget_resolutions()
 
 
-__all__ = [
-    "REGISTRY",
-    "LoadedBundle",
-    "Mode",
-    "StaleBundleError",
-    "current_mode",
-    "load_bundles",
-    "open_bundle",
-    "preload",
-    "preload_model",
-    "router_gemm",
-    "router_shapes",
-    "set_mode",
-]
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,26 +1,56 @@
 """Open a bundle: verify it, check it fits this machine, load its library through TVM-FFI.
 
+Everything is checked before any dlopen, in this order:
+  1. the container: header, manifest hash, schema and field formats (artifacts/bundle.py);
+  2. trust (signature policy) and compatibility (GPU architecture, tvm-ffi ABI), from the manifest
+     alone, before the payload is decompressed;
+  3. payload and library hashes, bounded decompression;
+  4. every entry's key re-derives its id and symbol; the library's ELF is for this CPU, exports
+     every entry, needs only allowed libraries that this process can resolve, and only glibc
+     versions this machine has (artifacts/verify.py, here).
+
 Never imports cutlass. The library is written once into the cache dir under its sha256 (atomic,
-so concurrent servers never see a partial file); where the cache dir is not writable it is
-loaded from a private temporary file that is removed as soon as it is mapped.
+so concurrent servers never see a partial file), then opened without following links, compared
+byte for byte with the verified library and dlopened through that open descriptor: what is loaded
+is exactly what was verified, even if someone swaps the cache file meanwhile. Where the cache dir
+is not writable it is loaded from an anonymous in-memory file: nothing is written elsewhere.
 """
 
 from __future__ import annotations
 
+import errno
+import glob
 import os
-import tempfile
+import re
+import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cute_aot.artifacts import toolchain
+from cute_aot.artifacts import signing, toolchain
 from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.artifacts.bundle import read_bundle
-from cute_aot.artifacts.errors import IncompatibleBundleError, KernelNotFoundError
+from cute_aot.artifacts.bundle import SHA256_RE, read_bundle
+from cute_aot.artifacts.elf import DynamicInfo
+from cute_aot.artifacts.errors import (
+    BundleFormatError,
+    IncompatibleBundleError,
+    KernelNotFoundError,
+    MissingLibraryError,
+    SignatureError,
+)
 from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.artifacts.verify import check_entries, check_library, host_machine
+from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.runtime import paths
 from cute_aot.runtime.notices import warn_once
+
+TVM_FFI_LIBRARY = "libtvm_ffi.so"
+_GLIBC_VERSION_RE = re.compile(r"^GLIBC_(\d+)\.(\d+)(?:\.\d+)?\Z")
+# (library sha256, cache dir) -> (module, where it was loaded from): each is loaded once.
+_loaded: dict[tuple[str, str], tuple[Any, str]] = {}
+_loaded_lock = threading.Lock()
 
 
 @dataclass
@@ -30,6 +60,7 @@ class LoadedBundle:
     library_path: str
     module: Any  # tvm_ffi.Module
     entries: dict[str, Entry]  # key id -> entry
+    signer: signing.TrustedKey | None = None  # the trusted key that signed it, if verified
     _functions: dict[str, Callable] = field(default_factory=dict)
 
     @property
@@ -47,8 +78,24 @@ class LoadedBundle:
         return function
 
 
+@dataclass(frozen=True)
+class VerifiedBundle:
+    """A bundle that passed every check short of loading it."""
+
+    path: Path
+    manifest: Manifest
+    library: bytes
+    dynamic: DynamicInfo
+    signer: signing.TrustedKey | None
+
+
+# -- checks on the manifest alone ----------------------------------------------------------------
 def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> None:
     """Refuse a bundle that cannot run here. gpu_arch None: no GPU to check against."""
+    if manifest.arch not in SUPPORTED_ARCHS:
+        raise IncompatibleBundleError(
+            path, f"built for {manifest.arch}, an architecture this cute-aot does not know"
+        )
     if gpu_arch is not None and manifest.arch != gpu_arch:
         raise IncompatibleBundleError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
     built, installed = manifest.toolchain.get("tvm_ffi"), toolchain.tvm_ffi_version()
@@ -58,32 +105,237 @@ def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> No
         )
 
 
-def _load_library(library: bytes, sha256: str):
-    """dlopen the library via TVM-FFI; returns (module, path it was loaded from)."""
-    import tvm_ffi
+def check_trust(path: Path, manifest: Manifest) -> signing.TrustedKey | None:
+    """The signature policy (CUTE_AOT_TRUSTED_KEYS, CUTE_AOT_REQUIRE_SIGNATURE).
 
-    target = paths.cache_dir() / "libs" / f"{sha256}.so"
-    try:
-        if not (target.is_file() and target.stat().st_size == len(library)):
-            atomic_write(target, library, mode=0o555)
-    except OSError as exc:
+    Required: only bundles signed by a trusted key load. Not required: unsigned bundles load; a
+    bundle signed by a trusted key must verify (a tampered signed bundle never loads); one signed
+    by an unknown key loads as unsigned, said once.
+    """
+    required = signing.signature_required()
+    if manifest.signature is None and not required:
+        return None  # key files are read only when a decision needs them
+    trusted = signing.trusted_keys()
+    if not required and signing.signer_key_id(manifest) not in trusted:
         warn_once(
-            ("cache-unwritable", str(target.parent)),
-            f"cache dir {target.parent} is not writable ({exc.strerror}); loading bundle "
-            "libraries from private temporary files instead",
+            ("untrusted-signer", signing.signer_key_id(manifest)),
+            f"{path}: signed by {signing.ALGORITHM} key {signing.signer_key_id(manifest)}, which "
+            f"is not in {signing.TRUSTED_KEYS_ENV}; loading it as an unsigned bundle",
         )
-        # A private temporary file, removed as soon as it is mapped: nothing is left behind.
-        with tempfile.NamedTemporaryFile(prefix="cute-aot-", suffix=".so") as handle:
-            handle.write(library)
-            handle.flush()
-            return tvm_ffi.load_module(handle.name), handle.name
-    return tvm_ffi.load_module(str(target)), str(target)
+        return None
+    if manifest.signature is None:
+        raise SignatureError(
+            path, f"bundle is not signed and {signing.REQUIRE_SIGNATURE_ENV} is set"
+        )
+    return signing.verify_signature(manifest, trusted, path)
+
+
+# -- checks on the library -----------------------------------------------------------------------
+def _loaded_libraries() -> set[str]:
+    """File names of the shared libraries mapped into this process (dlopen finds these by name)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return {line.rsplit("/", 1)[-1].strip() for line in maps if "/" in line}
+    except OSError:
+        return set()
+
+
+def _ld_so_conf_dirs(conf: Path, depth: int = 0) -> list[Path]:
+    dirs: list[Path] = []
+    try:
+        lines = conf.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return dirs
+    for line in (line.split("#", 1)[0].strip() for line in lines):
+        if line.startswith("include ") and depth < 4:
+            pattern = line.split(None, 1)[1]
+            for included in sorted(glob.glob(str(conf.parent / pattern))):  # absolute stays so
+                dirs += _ld_so_conf_dirs(Path(included), depth + 1)
+        elif line.startswith("/"):
+            dirs.append(Path(line))
+    return dirs
+
+
+def library_search_dirs() -> list[Path]:
+    """Where the system loader looks for a library by name: LD_LIBRARY_PATH, ld.so.conf, defaults."""
+    env = [Path(part) for part in os.environ.get("LD_LIBRARY_PATH", "").split(":") if part]
+    multiarch = f"{host_machine()}-linux-gnu"
+    defaults = [Path(d) for d in ("/lib", "/usr/lib", "/lib64", "/usr/lib64")]
+    defaults += [Path("/lib") / multiarch, Path("/usr/lib") / multiarch]
+    return env + _ld_so_conf_dirs(Path("/etc/ld.so.conf")) + defaults
+
+
+def find_library(name: str, loaded: set[str] | None = None) -> str | None:
+    """Where the loader would resolve `name` from: already mapped, or a file on its search path."""
+    if name in (_loaded_libraries() if loaded is None else loaded):
+        return name
+    for folder in library_search_dirs():
+        if (folder / name).is_file():
+            return str(folder / name)
+    return None
+
+
+def _glibc_version() -> tuple[int, int] | None:
+    try:
+        version = os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"
+    except (ValueError, OSError):
+        return None
+    match = re.match(r"^glibc (\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_dependencies(path: Path, dynamic: DynamicInfo) -> None:
+    """Every needed library resolves here, and glibc is new enough: else dlopen would fail."""
+    loaded = _loaded_libraries()
+    for name in dynamic.needed:
+        if find_library(name, loaded) is None:
+            hint = " (it comes with apache-tvm-ffi)" if name == TVM_FFI_LIBRARY else ""
+            raise MissingLibraryError(
+                path, name, f"library needs {name}, which is not found on this machine{hint}"
+            )
+    have = _glibc_version()
+    wanted = [
+        (int(m.group(1)), int(m.group(2)), version)
+        for versions in dynamic.versions.values()
+        for version in versions
+        if (m := _GLIBC_VERSION_RE.match(version))
+    ]
+    if have is not None and wanted and max(wanted)[:2] > have:
+        raise IncompatibleBundleError(
+            path, f"library needs {max(wanted)[2]}, this machine has glibc {have[0]}.{have[1]}"
+        )
+
+
+def _import_tvm_ffi(path: Path):
+    try:
+        import tvm_ffi
+    except ImportError as exc:
+        raise MissingLibraryError(
+            path, TVM_FFI_LIBRARY, f"loading bundles needs apache-tvm-ffi ({exc})"
+        ) from None
+    return tvm_ffi
+
+
+# -- the pipeline --------------------------------------------------------------------------------
+def verify_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> VerifiedBundle:
+    """Every check open_bundle makes, short of loading the library (also for `aot-cache verify`).
+
+    Raises a BundleError subclass naming the file and the problem; KeyFileError when
+    CUTE_AOT_TRUSTED_KEYS names a file that is not a key.
+    """
+    path = Path(path)
+    signer: list[signing.TrustedKey | None] = [None]
+
+    def before_payload(path: Path, manifest: Manifest) -> None:
+        signer[0] = check_trust(path, manifest)
+        check_compatible(path, manifest, gpu_arch)
+
+    manifest, library = read_bundle(path, check=before_payload)
+    check_entries(path, manifest)
+    dynamic = check_library(path, manifest, library)
+    _import_tvm_ffi(path)  # maps libtvm_ffi.so into this process, where dlopen will find it
+    check_dependencies(path, dynamic)
+    return VerifiedBundle(path, manifest, library, dynamic, signer[0])
 
 
 def open_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> LoadedBundle:
     """Verify, check and load one bundle file. gpu_arch: the architecture it must be built for."""
-    path = Path(path)
-    manifest, library = read_bundle(path)
-    check_compatible(path, manifest, gpu_arch)
-    module, library_path = _load_library(library, manifest.library["sha256"])
-    return LoadedBundle(path, manifest, library_path, module, manifest.entry_by_id())
+    bundle = verify_bundle(path, gpu_arch)
+    manifest = bundle.manifest
+    module, library_path = _load_library(bundle.path, bundle.library, manifest.library["sha256"])
+    return LoadedBundle(
+        bundle.path, manifest, library_path, module, manifest.entry_by_id(), bundle.signer
+    )
+
+
+# -- loading -------------------------------------------------------------------------------------
+def _cache_target(sha256: str) -> Path:
+    """<cache dir>/libs/<sha256>.so, refusing anything that would lead outside the cache dir."""
+    if not SHA256_RE.match(sha256):  # read_bundle checked it; a path is built from it here
+        raise BundleFormatError("<manifest>", f"library sha256 {sha256!r} is not 64 hex")
+    root = paths.cache_dir()
+    libs = root / "libs"
+    libs.mkdir(parents=True, exist_ok=True)
+    if not libs.resolve().is_relative_to(root.resolve()):
+        raise OSError(errno.EXDEV, f"{libs} is a link leading outside the cache dir")
+    return libs / f"{sha256}.so"
+
+
+def _open_verified(target: Path, library: bytes) -> int | None:
+    """A descriptor of `target` if it is a regular file (not a link) holding exactly `library`."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_size == len(library):
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                if handle.read(len(library) + 1) == library:
+                    return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _memory_file(library: bytes, sha256: str) -> int:
+    fd = os.memfd_create(f"cute-aot-{sha256[:16]}.so", os.MFD_CLOEXEC)
+    with os.fdopen(os.dup(fd), "wb") as handle:
+        handle.write(library)
+    return fd
+
+
+def _dlopen_descriptor(path: Path, fd: int):
+    """dlopen through /proc/self/fd/N: the file we verified, whatever its name points to now.
+
+    tvm_ffi.load_module picks a loader by file extension, which a descriptor path lacks, so the
+    shared-library loader it would pick is called directly, then kept alive as load_module does.
+    """
+    tvm_ffi = _import_tvm_ffi(path)
+    load = tvm_ffi.get_global_func("ffi.Module.load_from_file.so", allow_missing=True)
+    if load is None:
+        raise IncompatibleBundleError(path, "this apache-tvm-ffi has no shared-library loader")
+    try:
+        module = load(f"/proc/self/fd/{fd}", "so")
+    except RuntimeError as exc:  # the dynamic loader refused it after all: say which bundle
+        raise IncompatibleBundleError(path, f"dlopen failed: {exc}") from None
+    tvm_ffi.get_global_func("ffi.ModuleGlobalsAdd")(module)
+    return module
+
+
+def _load_library(path: Path, library: bytes, sha256: str):
+    """Load the verified library once per process and cache dir; returns (module, where)."""
+    slot = (sha256, str(paths.cache_dir()))
+    with _loaded_lock:
+        if slot not in _loaded:
+            _loaded[slot] = _load_new_library(path, library, sha256)
+        return _loaded[slot]
+
+
+def _load_new_library(path: Path, library: bytes, sha256: str):
+    """On success the descriptor stays open for the life of the process: glibc recognises an
+    already-loaded library by the name it was opened with, and a reused /proc/self/fd/N would
+    hand back another library. One descriptor per distinct library (see _loaded)."""
+    try:
+        target = _cache_target(sha256)
+        fd = _open_verified(target, library)
+        if fd is None:  # absent, or damaged/replaced: (re)write it, then verify what is there
+            atomic_write(target, library, mode=0o555)
+            fd = _open_verified(target, library)
+            if fd is None:
+                raise OSError(errno.EAGAIN, f"{target} changed right after it was written")
+        where = str(target)
+    except OSError as exc:
+        warn_once(
+            ("cache-unwritable", str(paths.cache_dir())),
+            f"cache dir {paths.cache_dir()} is not writable ({exc.strerror or exc}); loading "
+            "bundle libraries from anonymous in-memory files (no temporary files on disk)",
+        )
+        fd = _memory_file(library, sha256)
+        where = f"memfd:cute-aot-{sha256[:16]}.so"
+    try:
+        return _dlopen_descriptor(path, fd), where
+    except BaseException:
+        os.close(fd)
+        raise

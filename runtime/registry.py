@@ -16,6 +16,7 @@ from cute_aot.artifacts.errors import (
     BundleError,
     IncompatibleBundleError,
     KernelNotFoundError,
+    KeyFileError,
 )
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import family as family_module
@@ -87,20 +88,42 @@ class Registry:
         """Load bundle files, and the bundles of `gpu_arch` found in folders.
 
         An explicit file that does not fit this GPU raises; a folder's bundles for other
-        architectures are skipped (one folder usually ships every architecture).
+        architectures are skipped (one folder usually ships every architecture). A bad bundle
+        (corrupt, untrusted, incompatible) named explicitly raises; one found in a folder is
+        skipped with one warning in mode auto (see _open).
         """
+        return self._load(sources, gpu_arch, skip_bad_files=False)
+
+    def _load(self, sources, gpu_arch: str | None, skip_bad_files: bool) -> list[LoadedBundle]:
         gpu_arch = gpu_arch or current_gpu_arch()
         loaded = []
         for source in map(Path, sources):
             if source.is_dir():
                 for path in paths.expand_bundle_paths([source]):
-                    if gpu_arch is None or read_manifest(path).arch == gpu_arch:
-                        loaded.append(open_bundle(path, gpu_arch))
+                    loaded.append(self._open(path, gpu_arch, in_folder=True, skip_bad=True))
             else:
-                loaded.append(open_bundle(source, gpu_arch))
+                loaded.append(self._open(source, gpu_arch, False, skip_bad_files))
+        loaded = [bundle for bundle in loaded if bundle is not None]
         for bundle in loaded:
             self.add(bundle)
         return loaded
+
+    @staticmethod
+    def _open(path: Path, gpu_arch, in_folder: bool, skip_bad: bool) -> LoadedBundle | None:
+        """Open one bundle. In mode auto a bad one that may be skipped is, with one warning, so
+        that a server falls back (overlay, JIT) instead of failing; mode aot always raises."""
+        try:
+            if in_folder and gpu_arch is not None and read_manifest(path).arch != gpu_arch:
+                return None
+            return open_bundle(path, gpu_arch)
+        except (BundleError, KeyFileError) as exc:
+            if not skip_bad or current_mode() is Mode.AOT:
+                raise
+            warn_once(
+                ("bad-bundle", str(path)),
+                f"skipping bundle {path}: {exc}; its kernels fall back to the overlay cache or JIT",
+            )
+            return None
 
     def load_from_env(self) -> None:
         """Load CUTE_AOT_BUNDLES once per process."""
@@ -108,7 +131,8 @@ class Registry:
             if self._env_loaded:
                 return
             self._env_loaded = True
-        self.load(*paths.bundle_search_paths())
+        # A server must not fail on a bad file someone dropped into its bundle path.
+        self._load(paths.bundle_search_paths(), None, skip_bad_files=True)
 
     # -- resolution ------------------------------------------------------------------------------
     def bundle_function(self, family: str, key_id: str, arch: str) -> Callable | None:

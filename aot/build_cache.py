@@ -1,0 +1,251 @@
+"""The content-addressed build cache: a rebuild that changes nothing compiles and links nothing.
+
+    <root>/objects/<d[:2]>/<d>.o + <d>.json      d = digest(key, arch, toolchain, sources, worker)
+    <root>/bundles/<d[:2]>/<d>.cuteaot + <d>.json  d = digest(every input of one bundle file)
+
+An entry is two files: the data, then a small JSON record (its sha256 and size, plus the report
+row for objects) published last as the commit marker. Both are published first-wins with link()
+(`publish_once`), so any number of builds may share one cache folder, NFS included, without locks.
+A record whose data does not match is a miss and is removed. The cache never fails a build: if
+it cannot be written, the build goes on without it and says why once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+from cute_aot.artifacts import PACKAGE_VERSION, toolchain
+from cute_aot.artifacts.atomic import publish_once
+from cute_aot.kernels import family, source_hash
+
+# Bump when the layout or the meaning of a digest changes: old entries are then never found.
+CACHE_FORMAT = 1
+CACHE_SUBDIR = "build"
+
+# Row fields that describe one run rather than the object: never stored, never part of a digest.
+VOLATILE_ROW_FIELDS = frozenset({"object", "seconds", "status", "error", "traceback", "cached"})
+
+# Code whose change changes an object (the worker's export options) or a bundle (link, pack,
+# container). Kernel sources are covered per family by source_hash.
+WORKER_MODULES = ("cute_aot.aot.compile_worker", "cute_aot.aot.binary_info")
+PACKER_MODULES = (
+    "cute_aot.aot.pack",
+    "cute_aot.aot.link",
+    "cute_aot.artifacts.bundle",
+    "cute_aot.artifacts.manifest",
+    "cute_aot.artifacts.toolchain",
+)
+PACKER_DATA = ("cute_dsl_shim.c", "exports.map")
+
+
+def default_cache_root() -> Path:
+    """Under the per-user cute-aot cache folder ($CUTE_AOT_CACHE_DIR or ~/.cache/cute-aot).
+
+    The same rule as cute_aot.runtime.paths.cache_dir, restated: importing cute_aot.runtime
+    imports torch (seconds), which a no-change rebuild must not pay.
+    """
+    if os.environ.get("CUTE_AOT_CACHE_DIR"):
+        return Path(os.environ["CUTE_AOT_CACHE_DIR"]) / CACHE_SUBDIR
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cute-aot" / CACHE_SUBDIR
+
+
+def stable_row(row: dict) -> dict:
+    """What a report row says about the object itself (hash, size, resources...)."""
+    return {name: value for name, value in row.items() if name not in VOLATILE_ROW_FIELDS}
+
+
+def _digest(facts: dict) -> str:
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _modules_digest(names: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        source = Path(spec.origin).read_bytes() if spec and spec.origin else b"<absent>"
+        digest.update(name.encode() + b"\0" + source + b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def worker_fingerprint() -> dict:
+    """The worker's code, and the inspection tools whose presence shapes its rows."""
+    return {"modules": _modules_digest(WORKER_MODULES), "tools": _inspection_tools()}
+
+
+def _inspection_tools() -> dict:
+    # cuobjdump/nvdisasm decide what a row's `gpu_binary` (and so the manifest) holds: a cache
+    # shared by machines with and without them must not mix their rows.
+    try:
+        from cute_aot.aot import binary_info
+    except ImportError:
+        return {}
+    tools = {}
+    for name in sorted(getattr(binary_info, "TOOL_DISTRIBUTIONS", {})):
+        path = binary_info.find_tool(name)
+        tools[name] = (binary_info.tool_version(path) or "unknown version") if path else None
+    return tools
+
+
+@functools.cache
+def packer_fingerprint() -> dict:
+    """Everything besides the objects that goes into a bundle's bytes."""
+    import zstandard
+
+    from cute_aot.aot.link import link_inputs
+
+    package = resources.files("cute_aot.aot")
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    return {
+        "modules": _modules_digest(PACKER_MODULES),
+        "data": {name: hashlib.sha256(package.joinpath(name).read_bytes()).hexdigest()
+                 for name in PACKER_DATA},
+        "link_inputs": {name: _file_sha256(path) for name, path in sorted(link_inputs().items())},
+        "compiler": _compiler_identity(compiler) if compiler else None,
+        "zstd": zstandard.ZSTD_VERSION,
+    }  # fmt: skip
+
+
+def _compiler_identity(compiler: str) -> str:
+    try:
+        result = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{compiler}: {exc}"
+    return f"{compiler}: {result.stdout.strip()}"
+
+
+class BuildCache:
+    """Objects and bundles from earlier builds, found by the digest of everything they depend on."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        # Read once: a release plan has thousands of keys and metadata look-ups are not free.
+        self.toolchain = toolchain.fingerprint()
+        self.hits = 0
+        self.misses = 0
+        self.write_error: str | None = None  # set once writing failed; writing then stops
+
+    # -- digests ---------------------------------------------------------------------------
+
+    def object_digest(self, key, arch: str) -> str:
+        return _digest(
+            {
+                "cache_format": CACHE_FORMAT,
+                "key": key.canonical_json(),
+                "arch": arch,
+                "toolchain": self.toolchain,
+                "source_hash": source_hash(key.FAMILY),
+                "worker": worker_fingerprint(),
+            }
+        )
+
+    def bundle_digest(self, name: str, arch: str, bundle_version: str, rows: list[dict]) -> str:
+        """rows: the report rows of the bundle's objects, in link order."""
+        families = sorted({row["family"] for row in rows})
+        return _digest(
+            {
+                "cache_format": CACHE_FORMAT,
+                "name": name,
+                "arch": arch,
+                "bundle_version": bundle_version,
+                "created_by": PACKAGE_VERSION,
+                "toolchain": self.toolchain,
+                "families": {f: [family(f).FAMILY_VERSION, source_hash(f)] for f in families},
+                "objects": [stable_row(row) for row in rows],
+                "packer": packer_fingerprint(),
+            }
+        )
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def fetch_object(self, key, arch: str, dest: Path) -> dict | None:
+        """Copy a cached object to `dest`; returns its report row, or None on a miss."""
+        found = self._get("objects", self.object_digest(key, arch), ".o")
+        if found is None or found[1].get("key") != key.canonical_json():
+            self.misses += 1
+            return None
+        data, record = found
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        self.hits += 1
+        return {
+            **record["row"],
+            "object": str(dest),
+            "status": "ok",
+            "seconds": 0.0,
+            "cached": True,
+        }
+
+    def store_object(self, key, arch: str, row: dict) -> None:
+        if row.get("status") != "ok":
+            return
+        data = Path(row["object"]).read_bytes()
+        record = {"key": key.canonical_json(), "arch": arch, "row": stable_row(row)}
+        self._put("objects", self.object_digest(key, arch), ".o", data, record)
+
+    # -- bundles ---------------------------------------------------------------------------
+
+    def fetch_bundle(self, digest: str) -> bytes | None:
+        found = self._get("bundles", digest, ".cuteaot")
+        return found[0] if found else None
+
+    def store_bundle(self, digest: str, data: bytes) -> None:
+        self._put("bundles", digest, ".cuteaot", data, {})
+
+    # -- storage ---------------------------------------------------------------------------
+
+    def _paths(self, kind: str, digest: str, suffix: str) -> tuple[Path, Path]:
+        folder = self.root / kind / digest[:2]
+        return folder / f"{digest}{suffix}", folder / f"{digest}.json"
+
+    def _get(self, kind: str, digest: str, suffix: str) -> tuple[bytes, dict] | None:
+        data_path, record_path = self._paths(kind, digest, suffix)
+        try:
+            record = json.loads(record_path.read_bytes())
+            data = data_path.read_bytes()
+        except (OSError, ValueError):
+            return None
+        if (
+            not isinstance(record, dict)
+            or record.get("sha256") != hashlib.sha256(data).hexdigest()
+            or record.get("size") != len(data)
+        ):
+            self._discard(record_path, data_path)  # corrupt: let the next build publish it anew
+            return None
+        return data, record
+
+    def _put(self, kind: str, digest: str, suffix: str, data: bytes, record: dict) -> None:
+        if self.write_error:
+            return
+        data_path, record_path = self._paths(kind, digest, suffix)
+        record = {**record, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        try:
+            publish_once(data_path, data)
+            publish_once(record_path, json.dumps(record, sort_keys=True).encode())  # commit marker
+        except OSError as exc:
+            self.write_error = f"cannot write the build cache under {self.root} ({exc})"
+
+    @staticmethod
+    def _discard(*paths: Path) -> None:
+        for path in paths:
+            try:
+                path.unlink()
+            except OSError:
+                pass

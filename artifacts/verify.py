@@ -1,0 +1,123 @@
+"""What a bundle must prove about its entries and its library before anything is loaded.
+
+read_bundle already vouches for the bytes (hashes, sizes, field formats). These checks vouch for
+the meaning: every entry's key re-derives its id and symbol (so a key can never be served by a
+kernel built for another key), every entry's function is exported by the library, and the library
+asks the loader for nothing beyond what we allow (no other libraries, no baked-in search paths).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import typing
+from pathlib import Path
+
+from cute_aot.artifacts.elf import DynamicInfo, ElfError, read_dynamic
+from cute_aot.artifacts.errors import (
+    BundleFormatError,
+    BundleIntegrityError,
+    IncompatibleBundleError,
+)
+from cute_aot.artifacts.manifest import Entry, Manifest
+
+# The exported TVM-FFI entry point of a function named `symbol` (export_to_c's naming).
+TVM_FFI_EXPORT_PREFIX = "__tvm_ffi_"
+# The only libraries a bundle's library may need: tvm-ffi (the server has loaded it already) and
+# the C runtime. The CUDA runtime is linked in statically, so a library that needs a shared one
+# (or anything else) was not built by aot-build and is refused.
+ALLOWED_NEEDED = frozenset(
+    {
+        "libtvm_ffi.so",
+        "libc.so.6",
+        "libm.so.6",
+        "libdl.so.2",
+        "libpthread.so.0",
+        "librt.so.1",
+        "ld-linux-x86-64.so.2",
+        "ld-linux-aarch64.so.1",
+    }
+)
+
+
+def host_machine() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def check_entries(path: Path, manifest: Manifest) -> None:
+    """Every entry's key is a well-formed key of a listed family that re-derives id and symbol."""
+    from cute_aot.kernels import FAMILIES, family
+
+    key_ids = set()
+    for index, entry in enumerate(manifest.entries):
+        what = f"entry {index} ({entry.family} key {entry.key_id})"
+        if entry.key_id in key_ids:
+            raise BundleFormatError(path, f"{what}: key id listed twice")
+        key_ids.add(entry.key_id)
+        if entry.key.get("family") != entry.family:
+            raise BundleIntegrityError(path, f"{what}: key says family {entry.key.get('family')!r}")
+        # The registry checks each family's version and source hash: an entry of an unlisted
+        # family would skip that check.
+        if entry.family not in manifest.families:
+            raise BundleFormatError(path, f"{what}: family not listed in the manifest's families")
+        if entry.family in FAMILIES:  # unknown families are never served (see stale_reasons)
+            _check_key(path, what, entry, family(entry.family).Key)
+
+
+@functools.cache
+def _field_types(key_class) -> dict[str, type]:
+    return typing.get_type_hints(key_class)
+
+
+def _check_key(path: Path, what: str, entry: Entry, key_class) -> None:
+    hints = _field_types(key_class)
+    for name, value in entry.key.items():
+        kind = hints.get(name)
+        if kind in (str, int, bool) and (
+            not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        ):
+            raise BundleIntegrityError(path, f"{what}: key field {name!r} must be {kind.__name__}")
+    try:
+        key = key_class.from_fields(entry.key)
+    except (TypeError, ValueError) as exc:
+        raise BundleIntegrityError(
+            path, f"{what}: not a valid {entry.family} key ({exc})"
+        ) from None
+    if key.id != entry.key_id:
+        raise BundleIntegrityError(path, f"{what}: the key's canonical JSON gives id {key.id}")
+    if key.symbol != entry.symbol:
+        raise BundleIntegrityError(
+            path, f"{what}: symbol {entry.symbol!r}, the key's symbol is {key.symbol!r}"
+        )
+
+
+def check_library(path: Path, manifest: Manifest, library: bytes) -> DynamicInfo:
+    """The library is a shared library for this CPU that exports every entry and needs only
+    allowed libraries, found by name (no RPATH/RUNPATH that could point anywhere)."""
+    try:
+        info = read_dynamic(library)
+    except ElfError as exc:
+        raise BundleIntegrityError(path, f"library is not a usable shared library: {exc}") from None
+    if info.machine != host_machine():
+        raise IncompatibleBundleError(
+            path, f"library is built for {info.machine} CPUs, this machine is {host_machine()}"
+        )
+    for tag, value in (("RPATH", info.rpath), ("RUNPATH", info.runpath)):
+        if value is not None:
+            raise BundleIntegrityError(path, f"library carries a {tag} ({value!r}); not allowed")
+    for name in info.needed:
+        if name not in ALLOWED_NEEDED:
+            raise BundleIntegrityError(
+                path,
+                f"library needs {name!r}, which a bundle library must not "
+                f"(allowed: {', '.join(sorted(ALLOWED_NEEDED))})",
+            )
+    for entry in manifest.entries:
+        if TVM_FFI_EXPORT_PREFIX + entry.symbol not in info.functions:
+            raise BundleIntegrityError(
+                path,
+                f"{entry.family} key {entry.key_id}: the library does not export "
+                f"{TVM_FFI_EXPORT_PREFIX}{entry.symbol} (missing entry)",
+            )
+    return info

@@ -1,0 +1,767 @@
+"""`aot-cache`: see, explain and verify what is shipped, without reading code.
+
+    aot-cache ls | show | verify | explain | diff | misses | gc | env | sass
+
+Every command prints rich tables, or JSON with --json. Nothing here imports cutlass or loads a
+bundle's library: manifests are read as data, libraries as bytes (verify, sass), GPU code with
+NVIDIA's cuobjdump/nvdisasm. This module parses and presents; the facts come from inventory,
+bundle_check, explain and overlay_gc.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from cute_aot.aot import binary_info
+from cute_aot.artifacts import PACKAGE_VERSION, toolchain
+from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.bundle import read_bundle, read_manifest
+from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.kernels import FAMILIES
+from cute_aot.kernels import family as family_module
+from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
+from cute_aot.runtime import bundle_check, explain, overlay, overlay_gc, paths
+from cute_aot.runtime import misses as miss_log
+from cute_aot.runtime.inventory import (
+    aggregate_misses,
+    bundle_report,
+    bundle_sources,
+    bundle_summary,
+    describe_key,
+    diff_manifests,
+    entry_fatbin,
+    entry_matching,
+    environment,
+    read_manifests,
+)
+from cute_aot.runtime.mode import MODE_ENV, Mode, current_mode, parse_mode
+
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_AGE_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+STATUS_STYLES = {"ok": "green", "fail": "bold red", "skip": "dim", "warn": "yellow"}
+SOURCE_STYLES = {"bundle": "green", "overlay": "cyan", "jit": "yellow", "error": "bold red"}
+
+
+class _Failure(click.ClickException):
+    def show(self, file=None) -> None:
+        click.echo(f"aot-cache: {self.message}", err=True)
+
+
+class _Group(click.Group):
+    """Every CuteAotError becomes one precise line on stderr and exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except CuteAotError as exc:
+            raise _Failure(str(exc)) from None
+
+
+# -- output helpers ----------------------------------------------------------------------------
+def _console() -> Console:
+    # No markup: paths, keys and SASS hold [brackets] that must print as they are.
+    return Console(markup=False, highlight=False)
+
+
+def _emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _age(seconds: float) -> str:
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _toolchain_text(chain: dict) -> str:
+    dsl = (chain.get("cutlass_dsl") or {}).get(toolchain.CUTLASS_DSL_PREFIX, "?")
+    return (
+        f"cutlass-dsl {dsl}\ntvm-ffi {chain.get('tvm_ffi') or '?'}\n"
+        f"cuda {chain.get('cuda_runtime_major') or '?'}"
+    )
+
+
+def _table(title: str, *columns: str, right: tuple[str, ...] = (), **options) -> Table:
+    table = Table(title=title, title_justify="left", **options)
+    for column in columns:
+        # fold: paths, hashes and kernel names must stay whole, never end in an ellipsis
+        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
+    return table
+
+
+def json_option(command: Callable) -> Callable:
+    flag = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+    return flag(command)
+
+
+# -- parameter parsing -------------------------------------------------------------------------
+def parse_size(value: str) -> int:
+    """'500M', '2G', '1.5GiB', '4096' -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value.lower())
+    if not match:
+        raise click.BadParameter(f"{value!r} is not a size such as 500M or 2G")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+
+
+def parse_age(value: str) -> float:
+    """'7d', '12h', '30m', '90s', '2w' -> seconds (a bare number is seconds)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)?\s*", value.lower())
+    if not match:
+        raise click.BadParameter(f"{value!r} is not an age such as 7d, 12h or 30m")
+    return float(match.group(1)) * _AGE_UNITS[match.group(2) or ""]
+
+
+def _size_param(ctx, param, value):
+    return None if value is None else parse_size(value)
+
+
+def _age_param(ctx, param, value):
+    return None if value is None else parse_age(value)
+
+
+def _shape_param(ctx, param, value) -> tuple[int, int, int]:
+    parts = value.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise click.BadParameter(f"{value!r} is not M,K,N (three integers)")
+    return tuple(int(p) for p in parts)
+
+
+def _dtypes_param(ctx, param, value) -> tuple[str, str] | None:
+    """'bf16' for x and w, or 'bf16,bf16' for x,w."""
+    if value is None:
+        return None
+    names = [p.strip().lower() for p in value.split(",")]
+    names = [DTYPE_ALIASES.get(name, name) for name in names]
+    if len(names) not in (1, 2) or not all(names):
+        raise click.BadParameter(f"{value!r} is not DTYPE or X_DTYPE,W_DTYPE")
+    return (names[0], names[-1])
+
+
+def _arch_param(ctx, param, value):
+    try:
+        if isinstance(value, tuple):
+            return tuple(normalize_arch(arch) for arch in value)
+        return None if value is None else normalize_arch(value)
+    except CuteAotError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+# -- the group ---------------------------------------------------------------------------------
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(PACKAGE_VERSION, prog_name="aot-cache")
+def main():
+    """See, explain and verify cute-aot bundles, the overlay cache and the miss log.
+
+    Commands that take bundle PATHS (files or folders) fall back to CUTE_AOT_BUNDLES.
+    """
+
+
+# -- ls ----------------------------------------------------------------------------------------
+@main.command("ls")
+@click.argument("bundle_paths", metavar="[PATHS]...", nargs=-1)
+@click.option("--no-overlay", is_flag=True, help="Leave out the overlay cache.")
+@json_option
+def ls_command(bundle_paths, no_overlay, as_json):
+    """Bundles found: architecture, families, key counts, sizes, toolchain, creator.
+
+    PATHS are bundle files or folders (default: CUTE_AOT_BUNDLES); the overlay cache of JIT
+    results follows. Exit status 1 if a bundle cannot be read.
+    """
+    rows = [bundle_summary(path, source) for path, source, _ in bundle_sources(bundle_paths)]
+    overlay_rows = [] if no_overlay else overlay_gc.overlay_summary()
+    if as_json:
+        root = str(overlay.overlay_root())
+        _emit_json({"bundles": rows, "overlay": overlay_rows, "overlay_root": root})
+    else:
+        _print_ls(rows, overlay_rows)
+    if any(row["status"] == "error" for row in rows):
+        sys.exit(1)
+
+
+def _print_ls(rows: list[dict], overlay_rows: list[dict]) -> None:
+    console = _console()
+    if not rows and not overlay_rows:
+        console.print(
+            f"No bundles found: pass bundle files or folders, or set {paths.BUNDLES_ENV}. "
+            f"The overlay cache ({overlay.overlay_root()}) is empty."
+        )
+        return
+    table = _table(
+        "cute-aot bundles",
+        *("bundle", "arch", "families", "keys", "size", "toolchain", "created by", "status"),
+        right=("keys", "size"),
+    )
+    for row in rows:
+        if row["status"] == "error":
+            table.add_row(row["path"], *[""] * 6, Text(row["error"], style="red"))
+            continue
+        status = Text("ok", style="green")
+        if row["status"] == "stale":
+            reasons = [f"{n}: {f['stale']}" for n, f in row["families"].items() if f["stale"]]
+            status = Text("stale (" + "; ".join(reasons) + ")", style="yellow")
+        table.add_row(
+            f"{row['path']}\n{row['name']} {row['bundle_version']} · from {row['source']}",
+            row["arch"],
+            "\n".join(f"{n} v{f.get('version')}" for n, f in row["families"].items()),
+            str(row["keys"]),
+            _size(row["file_size"]),
+            _toolchain_text(row["toolchain"]),
+            row["created_by"],
+            status,
+        )
+    for row in overlay_rows:
+        newest = _age(time.time() - row["newest_mtime"])
+        table.add_row(
+            f"{row['path']}\noverlay (JIT results) · newest {newest} old",
+            row["arch"],
+            row["family"] or "? (other toolchain or sources)",
+            str(row["keys"]),
+            _size(row["file_size"]),
+            "",
+            "",
+            Text(row["status"], style="green" if row["status"] == "current" else "dim"),
+        )
+    console.print(table)
+
+
+# -- show --------------------------------------------------------------------------------------
+@main.command("show")
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--family", "family_name", help="Only entries of this family.")
+@click.option("--key", "key_id", help="One entry in detail: key id, unique id prefix, or symbol.")
+@json_option
+def show_command(bundle, family_name, key_id, as_json):
+    """Entries: key, symbol, size, sha256, registers, shared memory, SASS instruction classes.
+
+    Resources and instruction counts were read from each kernel's cubin with cuobjdump/nvdisasm
+    when the bundle was built. Shared memory is the static part: CuTe DSL kernels set their
+    dynamic shared memory at launch.
+    """
+    report = bundle_report(bundle, family_name, key_id)
+    facts = report["entries"]
+    if as_json:
+        _emit_json(report)
+        return
+    console = _console()
+    console.print(_bundle_header(report))
+    if key_id:
+        _print_entry_detail(console, facts[0])
+    else:
+        console.print(_entries_table(facts))
+    if report["note"]:
+        console.print(Text(report["note"], style="yellow"))
+
+
+def _bundle_header(report: dict) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    families = []
+    for name, facts in report["families"].items():
+        state = report["stale"].get(name)
+        state = f"STALE: {state}" if state else "matches the installed sources"
+        source = str(facts.get("source_hash"))[:12]
+        families.append(f"{name} v{facts.get('version')} · source {source} · {state}")
+    library, payload = report["library"], report["payload"]
+    rows = {
+        "bundle": report["path"],
+        "name": f"{report['name']} {report['bundle_version']} (format {report['format_version']})",
+        "arch": report["arch"],
+        "created by": report["created_by"],
+        "toolchain": _toolchain_text(report["toolchain"]).replace("\n", " · "),
+        "families": "\n".join(families) or "-",
+        "library": f"{_size(library.get('size'))} · sha256 {str(library.get('sha256'))[:16]}",
+        "file": f"{_size(report['file_size'])} ({payload.get('codec')} payload)",
+    }
+    for label, value in rows.items():
+        grid.add_row(label, value)
+    return grid
+
+
+def _per_kernel(kernels: list[dict] | None, render: Callable[[dict], str]) -> str:
+    return "not recorded" if kernels is None else "\n".join(render(k) for k in kernels) or "-"
+
+
+def _classes_text(kernel: dict) -> str:
+    classes = kernel.get("instruction_classes")
+    if classes is None:
+        return "no nvdisasm at build"
+    return " ".join(f"{name}×{count}" for name, count in classes.items() if name != "total")
+
+
+def _entries_table(entries: list[dict]) -> Table:
+    table = _table(
+        f"{len(entries)} entries",
+        *("key id", "key", "object", "fatbin sha256", "regs", "smem", "stack", "SASS classes"),
+        right=("object", "regs", "smem", "stack"),
+        show_lines=True,
+    )
+    for e in entries:
+        kernels = e["kernels"]
+        table.add_row(
+            e["key_id"],
+            f"{e['family']}: {e['describe']}",
+            _size(e["size"]),
+            (e["fatbin_sha256"] or "not recorded")[:16],
+            _per_kernel(kernels, lambda k: str(k.get("registers", "-"))),
+            _per_kernel(kernels, lambda k: str(k.get("shared", "-"))),
+            _per_kernel(kernels, lambda k: str(k.get("stack", "-"))),
+            _per_kernel(kernels, _classes_text) if kernels is not None else "",
+        )
+    return table
+
+
+def _print_entry_detail(console: Console, e: dict) -> None:
+    fields = _table(f"key {e['key_id']} · {e['family']}: {e['describe']}", "field", "value")
+    for name, value in sorted(e["key"].items()):
+        fields.add_row(name, str(value))
+    for name in ("symbol", "sha256", "size", "fatbin_sha256", "fatbin_size", "sm"):
+        fields.add_row(name, "not recorded" if e[name] is None else str(e[name]))
+    console.print(fields)
+    for kernel in e["kernels"] or []:
+        names = ("registers", "shared", "stack", "local", "constant0")
+        usage = _table("resources", "kernel", *names, right=names)
+        usage.add_row(kernel["name"], *(str(kernel.get(name, "-")) for name in names))
+        console.print(usage)
+        classes = kernel.get("instruction_classes")
+        if not classes:
+            continue
+        mix = _table("SASS instruction classes", "class", "count", "what", right=("count",))
+        for name, count in classes.items():
+            if name != "total":
+                mix.add_row(name, str(count), binary_info.CLASS_DESCRIPTIONS[name])
+        mix.add_row("total", str(classes["total"]), "every SASS instruction")
+        console.print(mix)
+        top = sorted(kernel["opcodes"].items(), key=lambda item: (-item[1], item[0]))[:12]
+        console.print("most frequent opcodes: " + ", ".join(f"{o} {c}" for o, c in top))
+
+
+# -- verify ------------------------------------------------------------------------------------
+@main.command("verify")
+@click.argument("bundle_paths", metavar="[PATHS]...", nargs=-1)
+@click.option(
+    "--gpu-arch",
+    callback=_arch_param,
+    help="Check against this GPU architecture instead of the local GPU (e.g. sm_90a).",
+)
+@json_option
+def verify_command(bundle_paths, gpu_arch, as_json):
+    """Every hash, the manifest schema, keys, exports, and fit with this machine.
+
+    Per bundle: container and every sha256 (manifest, payload, library); key ids and symbols;
+    exported functions; each kernel's fatbin by sha256 and SM; GPU architecture; tvm-ffi ABI; CUDA
+    driver against the linked runtime; kernel sources against the installed cute-aot. Exit status
+    1 on any failure, or when a GPU is present and no bundle fits it.
+    """
+    sources = bundle_sources(bundle_paths)
+    if not sources:
+        raise CuteAotError(
+            f"nothing to verify: pass bundle files or folders, or set {paths.BUNDLES_ENV}"
+        )
+    gpu = None if gpu_arch else bundle_check.local_gpu()
+    target = gpu_arch or (gpu or {}).get("arch")
+    driver = bundle_check.driver_cuda_version()
+    reports = [
+        bundle_check.verify_bundle(path, from_folder, target, gpu, driver)
+        for path, _, from_folder in sources
+    ]
+    failures = [
+        f"{r['path']}: {c['check']}: {c['detail']}"
+        for r in reports
+        for c in r["checks"]
+        if c["status"] == "fail"
+    ]
+    if target and not failures and not any(r["usable"] for r in reports):
+        failures.append(f"no bundle for this GPU's architecture {target} ({len(reports)} checked)")
+    result = {
+        "ok": not failures,
+        "gpu_arch": target,
+        "gpu": gpu,
+        "driver_cuda": ".".join(map(str, driver)) if driver else None,
+        "bundles": reports,
+        "failures": failures,
+    }
+    if as_json:
+        _emit_json(result)
+    else:
+        table = _table("aot-cache verify", "bundle", "check", "result", "detail")
+        for report in reports:
+            for index, check in enumerate(report["checks"]):
+                status = Text(check["status"], style=STATUS_STYLES[check["status"]])
+                first = report["path"] if index == 0 else ""
+                table.add_row(first, check["check"], status, check["detail"])
+        _console().print(table)
+    for line in failures:
+        click.echo(f"aot-cache verify: FAILED {line}", err=True)
+    if failures:
+        sys.exit(1)
+    if not as_json:
+        _console().print(Text(f"{len(reports)} bundle(s) verified", style="green"))
+
+
+# -- explain -----------------------------------------------------------------------------------
+@main.command("explain")
+@click.argument("family_name", metavar="FAMILY", type=click.Choice(FAMILIES))
+@click.option("--shape", required=True, callback=_shape_param, help="The problem, M,K,N.")
+@click.option(
+    "--dtype", "dtypes", callback=_dtypes_param, help="DTYPE or X_DTYPE,W_DTYPE (default bf16)."
+)
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    callback=_arch_param,
+    help="GPU architecture, repeatable (default: every one cute-aot builds for).",
+)
+@click.option(
+    "--bundle",
+    "bundle_paths",
+    multiple=True,
+    help=f"Bundle file or folder as a server would load them, repeatable (default: {paths.BUNDLES_ENV}).",
+)
+@click.option(
+    "--mode",
+    "mode_name",
+    type=click.Choice([m.value for m in Mode]),
+    help=f"Serving mode (default: {MODE_ENV}, else auto).",
+)
+@json_option
+def explain_command(family_name, shape, dtypes, archs, bundle_paths, mode_name, as_json):
+    """Dispatch decision -> key -> where its kernel would come from (bundle, overlay, JIT), why.
+
+    Reads manifests only: never imports cutlass, never loads a library, needs no GPU.
+    """
+    module = family_module(family_name)
+    dtypes = dtypes or (module.X_DTYPE, module.W_DTYPE)
+    mode = parse_mode(mode_name) if mode_name else current_mode()
+    bundles = read_manifests(bundle_paths)
+    decisions = [
+        explain.explain(family_name, shape, dtypes, arch, mode, bundles)
+        for arch in archs or tuple(SUPPORTED_ARCHS)
+    ]
+    m, k, n = shape
+    report = {
+        "family": family_name,
+        "problem": {"m": m, "k": k, "n": n},
+        "dtypes": {"x": dtypes[0], "w": dtypes[1]},
+        "mode": mode.value,
+        "bundles": [str(path) for path, _, _ in bundles],
+        "decisions": decisions,
+    }
+    if as_json:
+        _emit_json(report)
+        return
+    console = _console()
+    console.print(
+        f"{family_name} M={m} K={k} N={n} x={dtypes[0]} w={dtypes[1]} · mode {mode.value} · "
+        f"{len(bundles)} bundle file(s) considered"
+    )
+    for d in decisions:
+        table = _table(f"{d['arch']}: key {d['key_id']}", "", "", show_header=False)
+        table.add_row("key", f"{d['describe']} (symbol {d['symbol']})")
+        table.add_row("dispatch", d["dispatch"])
+        where = d["source"] + (f": {d['path']}" if d["path"] else "")
+        table.add_row("from", Text(where, style=SOURCE_STYLES[d["source"]]))
+        table.add_row("why", d["why"])
+        for note in d["notes"]:
+            table.add_row("note", note)
+        console.print(table)
+
+
+# -- diff --------------------------------------------------------------------------------------
+@main.command("diff")
+@click.argument("bundle_a", metavar="A", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("bundle_b", metavar="B", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--exit-code", is_flag=True, help="Exit status 1 when A and B differ (as git diff).")
+@json_option
+def diff_command(bundle_a, bundle_b, exit_code, as_json):
+    """Keys added, removed and changed (same key, other binary) from bundle A to bundle B."""
+    result = {"a": str(bundle_a), "b": str(bundle_b)}
+    result.update(diff_manifests(read_manifest(bundle_a), read_manifest(bundle_b)))
+    if as_json:
+        _emit_json(result)
+    else:
+        _print_diff(result)
+    if exit_code and any(result[part] for part in ("bundle", "added", "removed", "changed")):
+        sys.exit(1)
+
+
+def _short(value) -> str:
+    """sha256 digests shortened for tables (JSON keeps them whole)."""
+    text = str(value)
+    return text[:16] if re.fullmatch(r"[0-9a-f]{64}", text) else text
+
+
+def _print_diff(result: dict) -> None:
+    console = _console()
+    console.print(f"a: {result['a']}\nb: {result['b']}")
+    if result["bundle"]:
+        facts = _table("bundle", "field", "a", "b")
+        for name, (old, new) in result["bundle"].items():
+            facts.add_row(name, json.dumps(old, sort_keys=True), json.dumps(new, sort_keys=True))
+        console.print(facts)
+    table = _table("entries", "", "key id", "key", "what changed")
+    for sign, rows, style in (("+", result["added"], "green"), ("-", result["removed"], "red")):
+        for row in rows:
+            key = f"{row['family']}: {row['describe']}"
+            table.add_row(Text(sign, style=style), row["key_id"], key, "")
+    for row in result["changed"]:
+        what = "; ".join(
+            f"{name}: {_short(old)} -> {_short(new)}" for name, (old, new) in row["changes"].items()
+        )
+        key = f"{row['family']}: {row['describe']}"
+        table.add_row(Text("~", style="yellow"), row["key_id"], key, what)
+    if table.row_count:
+        console.print(table)
+    console.print(
+        f"{len(result['added'])} added, {len(result['removed'])} removed, "
+        f"{len(result['changed'])} changed, {result['unchanged']} unchanged"
+    )
+
+
+# -- misses ------------------------------------------------------------------------------------
+def _problem_text(problem: dict) -> str:
+    order = {"m": 0, "k": 1, "n": 2}  # router-style problems read M, K, N
+    names = sorted(problem, key=lambda name: (order.get(name, 3), name))
+    return " ".join(f"{name.upper()}={problem[name]}" for name in names)
+
+
+@main.command("misses")
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"Miss log (default: {miss_log.MISS_LOG_ENV}, else <cache dir>/misses.jsonl).",
+)
+@click.option("--family", "family_name", help="Only this family.")
+@click.option("--arch", callback=_arch_param, help="Only this architecture.")
+@click.option(
+    "--bundle",
+    "bundle_paths",
+    multiple=True,
+    help=f"Say which keys these bundles now hold (default: {paths.BUNDLES_ENV}).",
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write one JSON line per key: input for aot-build --from-misses.",
+)
+@click.option("--not-in-bundles", is_flag=True, help="Leave out keys the bundles already hold.")
+@json_option
+def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_bundles, as_json):
+    """Aggregated miss log: count per key, first and last seen, ready for aot-build --from-misses."""
+    log_path = log_path or miss_log.miss_log_path()
+    records = miss_log.read_misses(log_path) if log_path.is_file() else []
+    records = [
+        r
+        for r in records
+        if (not family_name or r["family"] == family_name) and (not arch or r["arch"] == arch)
+    ]
+    rows = aggregate_misses(records)
+    held = {
+        (manifest.arch, entry.family, entry.key_id)
+        for _, _, manifest in read_manifests(bundle_paths)
+        if not isinstance(manifest, str)
+        for entry in manifest.entries
+    }
+    for row in rows:
+        row["in_bundles"] = (row["arch"], row["family"], row["key_id"]) in held
+    if not_in_bundles:
+        rows = [row for row in rows if not row["in_bundles"]]
+    if out_path:
+        atomic_write(out_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+    if as_json:
+        out = str(out_path) if out_path else None
+        _emit_json({"log": str(log_path), "records": len(records), "keys": rows, "out": out})
+        return
+    console = _console()
+    if not rows:
+        console.print(f"No misses recorded in {log_path}.")
+        return
+    table = _table(
+        f"{log_path}: {len(records)} misses of {len(rows)} keys",
+        *("count", "arch", "key id", "key", "first seen", "last seen", "problems", "in bundles"),
+        right=("count",),
+    )
+    for row in rows:
+        problems = [_problem_text(p) for p in row["problems"]]
+        shown = "\n".join(problems[:4]) + ("\n..." if len(problems) > 4 else "")
+        held_text = Text("yes", style="green") if row["in_bundles"] else Text("no", style="yellow")
+        key = f"{row['family']}: {describe_key(row['family'], row['key'])}"
+        table.add_row(
+            str(row["count"]),
+            row["arch"],
+            str(row["key_id"]),
+            key,
+            row["first_seen"],
+            row["last_seen"],
+            shown,
+            held_text,
+        )
+    console.print(table)
+    console.print(f"build them: aot-build --from-misses {out_path or log_path}")
+
+
+# -- gc ----------------------------------------------------------------------------------------
+@main.command("gc")
+@click.option(
+    "--max-size",
+    callback=_size_param,
+    help="Remove the oldest entries until the overlay holds at most this (e.g. 500M, 2G).",
+)
+@click.option(
+    "--older-than",
+    callback=_age_param,
+    help="Remove entries published longer ago than this (e.g. 7d, 12h, 30m).",
+)
+@click.option(
+    "--stale",
+    is_flag=True,
+    help="Remove entries this installation cannot use (other toolchain or kernel sources); "
+    "mind hosts with another toolchain that share the cache.",
+)
+@click.option(
+    "--grace",
+    type=float,
+    default=overlay_gc.GRACE_S,
+    show_default=True,
+    help="Never remove files younger than this many seconds.",
+)
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@json_option
+def gc_command(max_size, older_than, stale, grace, dry_run, as_json):
+    """Prune the overlay cache of JIT results, safely while servers use it.
+
+    Files are unlinked one by one: a process that has one open keeps reading it, one that opens
+    it a moment later takes the miss path (and compiles again); nothing younger than --grace is
+    touched. Without options only temporaries left by killed publishers go.
+    """
+    remove, keep = overlay_gc.plan(max_size, older_than, stale, grace)
+    removed = remove if dry_run else overlay_gc.remove_files(remove)
+    root = overlay.overlay_root()
+    result = {
+        "root": str(root),
+        "dry_run": dry_run,
+        "removed": [
+            {"path": str(f.path), "size": f.size, "age_s": f.age_s, "reason": f.reason}
+            for f in removed
+        ],
+        "kept": len(keep),
+        "bytes_removed": sum(f.size for f in removed),
+        "bytes_kept": sum(f.size for f in keep),
+    }
+    if as_json:
+        _emit_json(result)
+        return
+    console = _console()
+    verb = "would remove" if dry_run else "removed"
+    if removed:
+        table = _table(
+            f"{verb} from {root}", "file", "size", "age", "reason", right=("size", "age")
+        )
+        for f in removed:
+            table.add_row(str(f.path.relative_to(root)), _size(f.size), _age(f.age_s), f.reason)
+        console.print(table)
+    console.print(
+        f"{verb} {len(removed)} file(s), {_size(result['bytes_removed'])}; kept {len(keep)} "
+        f"file(s), {_size(result['bytes_kept'])}, in {root}"
+    )
+
+
+# -- env ---------------------------------------------------------------------------------------
+@main.command("env")
+@json_option
+def env_command(as_json):
+    """Versions, tools, paths, environment variables, GPU and serving mode."""
+    report = environment()
+    if as_json:
+        _emit_json(report)
+        return
+    table = _table("cute-aot environment", "", "", "", show_header=False)
+    for name, version in report["versions"].items():
+        table.add_row("version", name, str(version))
+    for name, tool in report["tools"].items():
+        missing = f"not found: pip install {binary_info.TOOL_DISTRIBUTIONS[name]}"
+        table.add_row(
+            "tool", name, f"{tool['path']} ({tool['version']})" if tool["path"] else missing
+        )
+    where = report["paths"]
+    usage = {key: where[key] for key in ("overlay", "libs")}
+    table.add_row("path", "cache dir", where["cache_dir"])
+    for label, key in (("overlay", "overlay"), ("unpacked libraries", "libs")):
+        table.add_row(
+            "path",
+            label,
+            f"{usage[key]['path']} ({usage[key]['files']} files, {_size(usage[key]['bytes'])})",
+        )
+    log = where["miss_log"]
+    table.add_row("path", "miss log", log["path"] + ("" if log["exists"] else " (none yet)"))
+    table.add_row(
+        "path", "bundles", "\n".join(where["bundles"]) or f"none ({paths.BUNDLES_ENV} unset)"
+    )
+    for name, value in report["env"].items():
+        table.add_row("env", name, "(unset)" if value is None else value)
+    gpu = report["gpu"]
+    if gpu:
+        device = (
+            f"{gpu['name']} (compute {gpu['capability']}, bundles {gpu['arch'] or 'none built'})"
+        )
+    table.add_row("gpu", "device", device if gpu else "none")
+    driver = report["driver_cuda"]
+    table.add_row("gpu", "driver", f"supports CUDA {driver}" if driver else "no CUDA driver")
+    table.add_row("mode", "serving mode", f"{report['mode']} ({report['mode_source']})")
+    jit = (
+        "available (nvidia-cutlass-dsl installed)"
+        if report["jit_available"]
+        else "unavailable: auto falls back to torch"
+    )
+    table.add_row("mode", "JIT fallback", jit)
+    _console().print(table)
+
+
+# -- sass --------------------------------------------------------------------------------------
+@main.command("sass")
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("key_id", metavar="KEY")
+@click.option("--hex", "show_encoding", is_flag=True, help="Show instruction encodings too.")
+@json_option
+def sass_command(bundle, key_id, show_encoding, as_json):
+    """One kernel's SASS (KEY: key id, unique prefix, or symbol), via cuobjdump and nvdisasm."""
+    manifest, library = read_bundle(bundle)  # verified: the SASS shown is what would run
+    entry = entry_matching(bundle, manifest, key_id)
+    text = binary_info.disassemble(entry_fatbin(bundle, manifest, library, entry), show_encoding)
+    describe = describe_key(entry.family, entry.key)
+    if as_json:
+        facts = {"path": str(bundle), "arch": manifest.arch, "key_id": entry.key_id}
+        _emit_json({**facts, "symbol": entry.symbol, "describe": describe, "sass": text})
+        return
+    click.echo(f"// {bundle} · {manifest.arch} · key {entry.key_id} · {entry.family}: {describe}")
+    click.echo(text, nl=False)
+
+
+if __name__ == "__main__":
+    main()

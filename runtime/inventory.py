@@ -1,0 +1,333 @@
+"""What is installed and shipped, as plain data (JSON-ready): the facts behind `aot-cache`.
+
+Bundle summaries and entries (read from manifests only), differences between two bundles, the
+aggregated miss log and this machine's environment. Presentation lives in cache_cli.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+
+from cute_aot.aot import binary_info
+from cute_aot.artifacts import PACKAGE_VERSION, toolchain
+from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
+from cute_aot.artifacts.errors import BundleError, BundleIntegrityError, CuteAotError
+from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.kernels import family as family_module
+from cute_aot.runtime import bundle_check, overlay, overlay_gc, paths
+from cute_aot.runtime import misses as miss_log
+from cute_aot.runtime.explain import BundleSource
+from cute_aot.runtime.jit import jit_available
+from cute_aot.runtime.mode import MODE_ENV, current_mode
+from cute_aot.runtime.registry import stale_reasons
+
+ENV_VARS = (
+    paths.BUNDLES_ENV,
+    paths.CACHE_DIR_ENV,
+    miss_log.MISS_LOG_ENV,
+    MODE_ENV,
+    "CUTE_DSL_ARCH",
+    "CUDA_VISIBLE_DEVICES",
+    "XDG_CACHE_HOME",
+)
+
+
+class EntryNotFoundError(CuteAotError, LookupError):
+    """A bundle holds no entry matching what an operator asked for."""
+
+    def __init__(self, path: Path, arch: str, wanted: str, known: list[str]):
+        self.path, self.arch, self.wanted = str(path), arch, wanted
+        listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
+        super().__init__(
+            f"{path}: no entry {wanted!r} in this {arch} bundle (has: {listed or 'nothing'})"
+        )
+
+
+def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
+    """(bundle file, where it was named, came from a folder), in the runtime's search order:
+    explicit paths, else CUTE_AOT_BUNDLES."""
+    if given:
+        roots, source = [Path(p) for p in given], "argument"
+    else:
+        roots, source = paths.bundle_search_paths(), paths.BUNDLES_ENV
+    found = []
+    for root in roots:
+        if root.is_dir():
+            found += [(path, source, True) for path in paths.expand_bundle_paths([root])]
+        else:
+            found.append((root, source, False))
+    return found
+
+
+def read_manifests(given: tuple[str, ...]) -> list[BundleSource]:
+    """Each bundle of bundle_sources with its manifest, or why it cannot be read."""
+    found = []
+    for path, _, from_folder in bundle_sources(given):
+        try:
+            found.append((path, from_folder, read_manifest(path)))
+        except BundleError as exc:
+            found.append((path, from_folder, str(exc)))
+    return found
+
+
+def entry_matching(path: Path, manifest: Manifest, wanted: str) -> Entry:
+    """An entry by key id, symbol, or an unambiguous key-id prefix (4+ characters)."""
+    matches = [e for e in manifest.entries if wanted in (e.key_id, e.symbol)]
+    if not matches and len(wanted) >= 4:
+        matches = [e for e in manifest.entries if e.key_id.startswith(wanted)]
+    if len(matches) != 1:
+        raise EntryNotFoundError(path, manifest.arch, wanted, [e.key_id for e in manifest.entries])
+    return matches[0]
+
+
+def describe_key(family_name: str, fields: dict) -> str:
+    try:
+        return family_module(family_name).Key.from_fields(fields).describe()
+    except (CuteAotError, ValueError, TypeError):  # a family this installation does not know
+        return " ".join(f"{k}={v}" for k, v in sorted(fields.items()) if k != "family")
+
+
+def bundle_summary(path: Path, source: str) -> dict:
+    row: dict = {"path": str(path), "source": source}
+    try:
+        manifest = read_manifest(path)
+    except BundleError as exc:
+        return {**row, "status": "error", "error": str(exc)}
+    stale = stale_reasons(manifest)
+    counts: dict[str, int] = {}
+    for entry in manifest.entries:
+        counts[entry.family] = counts.get(entry.family, 0) + 1
+    return {
+        **row,
+        "name": manifest.name,
+        "arch": manifest.arch,
+        "bundle_version": manifest.bundle_version,
+        "created_by": manifest.created_by,
+        "toolchain": manifest.toolchain,
+        "families": {
+            name: {**facts, "keys": counts.get(name, 0), "stale": stale.get(name)}
+            for name, facts in manifest.families.items()
+        },
+        "keys": len(manifest.entries),
+        "file_size": path.stat().st_size,
+        "library_size": manifest.library.get("size"),
+        "status": "stale" if stale else "ok",
+    }
+
+
+def entry_facts(entry: Entry) -> dict:
+    """An entry as JSON: key described, fatbin facts, per-kernel resources and SASS classes."""
+    binary = entry.gpu_binary or {}
+    kernels = binary.get("kernels")
+    if not binary_info.well_formed_kernels(kernels):
+        kernels = None  # shown as not recorded rather than failing on a hand-edited manifest
+    if kernels is not None:
+        kernels = [
+            {**k, "instruction_classes": binary_info.classify_opcodes(k["opcodes"])}
+            if "opcodes" in k
+            else dict(k)
+            for k in kernels
+        ]
+    return {
+        "family": entry.family,
+        "key_id": entry.key_id,
+        "symbol": entry.symbol,
+        "describe": describe_key(entry.family, entry.key),
+        "key": entry.key,
+        "sha256": entry.sha256,
+        "size": entry.size,
+        "fatbin_sha256": binary.get("fatbin_sha256"),
+        "fatbin_size": binary.get("fatbin_size"),
+        "sm": binary.get("sm"),
+        "kernels": kernels,  # None: not recorded (no cuobjdump at build time)
+    }
+
+
+def _binary_facts(entry: Entry) -> dict:
+    binary = entry.gpu_binary or {}
+    kernels = binary.get("kernels") or []
+    return {
+        "object sha256": entry.sha256,
+        "object size": entry.size,
+        "fatbin sha256": binary.get("fatbin_sha256"),
+        "registers": [k.get("registers") for k in kernels] or None,
+        "shared": [k.get("shared") for k in kernels] or None,
+    }
+
+
+def diff_manifests(a: Manifest, b: Manifest) -> dict:
+    """Entries added, removed, changed (same key, other binary) from a to b; bundle facts."""
+    left = {(e.family, e.key_id): e for e in a.entries}
+    right = {(e.family, e.key_id): e for e in b.entries}
+
+    def brief(entry: Entry) -> dict:
+        return {
+            "family": entry.family,
+            "key_id": entry.key_id,
+            "describe": describe_key(entry.family, entry.key),
+        }
+
+    changed = []
+    for slot in sorted(left.keys() & right.keys()):
+        before, after = _binary_facts(left[slot]), _binary_facts(right[slot])
+        changes = {
+            name: [before[name], after[name]]
+            for name in before
+            # a fact one side does not record (older build, no cuobjdump) is no change
+            if None not in (before[name], after[name]) and before[name] != after[name]
+        }
+        if changes:
+            changed.append({**brief(right[slot]), "changes": changes})
+    facts = ("name", "arch", "bundle_version", "created_by", "toolchain", "families")
+    return {
+        "bundle": {
+            f: [getattr(a, f), getattr(b, f)] for f in facts if getattr(a, f) != getattr(b, f)
+        },
+        "added": [brief(right[s]) for s in sorted(right.keys() - left.keys())],
+        "removed": [brief(left[s]) for s in sorted(left.keys() - right.keys())],
+        "changed": changed,
+        "unchanged": len(left.keys() & right.keys()) - len(changed),
+    }
+
+
+def aggregate_misses(records: list[dict]) -> list[dict]:
+    """One row per (arch, family, key): count, first/last seen, the problems that hit it."""
+    rows: dict[tuple, dict] = {}
+    for record in records:
+        slot = (record["arch"], record["family"], json.dumps(record["key"], sort_keys=True))
+        seen = str(record.get("time") or "")
+        row = rows.setdefault(
+            slot,
+            {
+                "family": record["family"],
+                "arch": record["arch"],
+                "key_id": record.get("key_id"),
+                "key": record["key"],
+                "count": 0,
+                "first_seen": seen,
+                "last_seen": seen,
+                "problems": [],
+            },
+        )
+        row["count"] += 1
+        row["first_seen"] = min(row["first_seen"], seen)
+        row["last_seen"] = max(row["last_seen"], seen)
+        problem = record.get("problem")
+        if problem and problem not in row["problems"]:
+            row["problems"].append(problem)
+    return sorted(
+        rows.values(), key=lambda r: (-r["count"], r["arch"], r["family"], str(r["key_id"]))
+    )
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _folder_usage(folder: Path, pattern: str) -> dict:
+    files = [p for p in folder.rglob(pattern) if p.is_file()] if folder.is_dir() else []
+    return {"path": str(folder), "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
+def environment() -> dict:
+    tools = {}
+    for name in binary_info.TOOL_DISTRIBUTIONS:
+        found = binary_info.find_tool(name)
+        tools[name] = {"path": found, "version": binary_info.tool_version(found) if found else None}
+    driver = bundle_check.driver_cuda_version()
+    log = miss_log.miss_log_path()
+    return {
+        "versions": {
+            "cute-aot": PACKAGE_VERSION,
+            "python": platform.python_version(),
+            **toolchain.cutlass_dsl_versions(),
+            toolchain.TVM_FFI_DIST: toolchain.tvm_ffi_version(),
+            "torch": _dist_version("torch"),
+            toolchain.CUDA_RUNTIME_DIST: _dist_version(toolchain.CUDA_RUNTIME_DIST),
+        },
+        "tools": tools,
+        "paths": {
+            "cache_dir": str(paths.cache_dir()),
+            "overlay": _folder_usage(overlay.overlay_root(), f"*{BUNDLE_SUFFIX}"),
+            "libs": _folder_usage(paths.cache_dir() / "libs", "*.so"),
+            "miss_log": {"path": str(log), "exists": log.is_file()},
+            "bundles": [str(path) for path, _, _ in bundle_sources(())],
+        },
+        "env": {name: os.environ.get(name) for name in ENV_VARS},
+        "gpu": bundle_check.local_gpu(),
+        "driver_cuda": ".".join(map(str, driver)) if driver else None,
+        "mode": current_mode().value,
+        "mode_source": MODE_ENV if os.environ.get(MODE_ENV) else "default",
+        "jit_available": jit_available(),
+        "overlay_fingerprints": overlay_gc.current_fingerprints(),
+    }
+
+
+def entry_fatbin(path: Path, manifest: Manifest, library: bytes, entry: Entry) -> bytes:
+    """One entry's fatbin: found by its recorded sha256, else the only one of a one-kernel
+    bundle (overlay entries record no hash)."""
+    recorded = (entry.gpu_binary or {}).get("fatbin_sha256")
+    if recorded:
+        fatbin = binary_info.find_fatbin(library, recorded)
+        if fatbin is None:
+            raise BundleIntegrityError(
+                path,
+                f"{manifest.arch} key {entry.key_id}: fatbin {recorded[:16]} is not in the library",
+            )
+        return fatbin
+    fatbins = [fatbin for _, fatbin in binary_info.iter_fatbins(library)]
+    if len(fatbins) == 1 and len(manifest.entries) == 1:
+        return fatbins[0]
+    raise BundleError(
+        path,
+        f"{manifest.arch} key {entry.key_id}: no fatbin sha256 recorded and the library holds "
+        f"{len(fatbins)} fatbins; rebuild the bundle with this cute-aot to read its SASS",
+    )
+
+
+def _resources_note(entries: list[dict]) -> str | None:
+    without = [e for e in entries if e["kernels"] is None]
+    if not without:
+        return None
+    return (
+        f"{len(without)} of {len(entries)} entries record no resources: cuobjdump "
+        f"({binary_info.TOOL_DISTRIBUTIONS['cuobjdump']}) was not available when they were built "
+        "(JIT results in the overlay never record them)."
+    )
+
+
+def bundle_report(bundle: Path, family_name: str | None = None, key: str | None = None) -> dict:
+    """A bundle's facts and its entries (all, one family's, or the one matching `key`)."""
+    manifest = read_manifest(bundle)
+    entries = list(manifest.entries)
+    if family_name:
+        entries = [e for e in entries if e.family == family_name]
+        if not entries:
+            families = sorted(manifest.families)
+            raise EntryNotFoundError(bundle, manifest.arch, f"family {family_name}", families)
+    if key:
+        entries = [entry_matching(bundle, manifest, key)]
+    facts = sorted((entry_facts(e) for e in entries), key=lambda e: (e["family"], e["describe"]))
+    return {
+        "path": str(bundle),
+        "name": manifest.name,
+        "arch": manifest.arch,
+        "bundle_version": manifest.bundle_version,
+        "created_by": manifest.created_by,
+        "format_version": manifest.format_version,
+        "toolchain": manifest.toolchain,
+        "families": manifest.families,
+        "stale": stale_reasons(manifest),
+        "library": manifest.library,
+        "payload": manifest.payload,
+        "file_size": bundle.stat().st_size,
+        "entries": facts,
+        "note": _resources_note(facts),
+    }

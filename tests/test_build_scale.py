@@ -1,0 +1,507 @@
+"""Builds at release scale: parallel with failure isolation, cached, sharded, reproducible,
+model-driven.
+
+Most tests use a stand-in compile worker that turns a key into a tiny C object exporting the
+key's TVM-FFI symbol (gcc, milliseconds), so the real pool, cache, shard, merge, link and pack
+code runs without cutlass. The `slow` test at the end does the same through `aot-build` with
+real cross-compiled kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cute_aot.aot import build as build_module
+from cute_aot.aot import compile_pool
+from cute_aot.aot.build import keys_by_arch, merge, run_build
+from cute_aot.aot.build_cache import BuildCache, default_cache_root
+from cute_aot.aot.cli import main
+from cute_aot.aot.models import (
+    PRESETS,
+    ModelConfigError,
+    model_from_config,
+    shapes_for_models,
+)
+from cute_aot.aot.report import report_path
+from cute_aot.aot.reproducible import NotReproducibleError, check_reproducible
+from cute_aot.aot.shard import Shard, ShardError
+from cute_aot.artifacts.bundle import read_bundle
+from cute_aot.artifacts.errors import BuildError, UnsupportedProblemError
+from cute_aot.kernels.router_gemm import DEFAULT_SHAPES, RouterGemmKey, dispatch
+
+FAIL_M, CRASH_M = 13, 14  # stand-in keys with these token counts raise / kill their worker
+COMPILE_LOG_ENV = "CUTE_AOT_TEST_COMPILE_LOG"
+
+
+def fake_compile(family_name: str, key_fields: dict, arch: str, out_dir: str) -> dict:
+    """Stand-in for compile_to_object (same arguments, same row): a real, linkable object."""
+    key = RouterGemmKey.from_fields(key_fields)
+    if os.environ.get(COMPILE_LOG_ENV):
+        with open(os.environ[COMPILE_LOG_ENV], "a") as log:
+            log.write(f"{arch} {key.symbol}\n")
+    row = {"family": family_name, "key_id": key.id, "symbol": key.symbol, "arch": arch}
+    if key.m == CRASH_M:
+        os._exit(3)  # like a compiler segfault or the OOM killer
+    if key.m == FAIL_M:
+        return {**row, "status": "failed", "error": "ValueError: no tactic fits", "seconds": 0.0}
+    value = int(hashlib.sha256(f"{arch}{key.id}".encode()).hexdigest()[:6], 16)
+    source = Path(out_dir) / f"{key.symbol}.c"
+    source.write_text(
+        f"int __tvm_ffi_{key.symbol}(void *s, const void *a, int n, void *r) {{ return {value}; }}"
+    )
+    subprocess.run(
+        ["gcc", "-c", "-O2", "-fPIC", source.name, "-o", f"{key.symbol}.o"],
+        cwd=out_dir,
+        check=True,
+    )
+    source.unlink()
+    data = (Path(out_dir) / f"{key.symbol}.o").read_bytes()
+    return {
+        **row,
+        "status": "ok",
+        "object": str(Path(out_dir) / f"{key.symbol}.o"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "seconds": 0.01,
+    }
+
+
+def dot_key(m: int, k: int) -> RouterGemmKey:
+    return RouterGemmKey("dot", m, k, 128, 0, 0, True)
+
+
+PLAN = {
+    "sm_90a": [dot_key(m, k) for m in (1, 2) for k in (64, 128, 256)],
+    "sm_100a": [dot_key(m, 64) for m in (1, 2, 3, 4)],
+}
+
+
+@pytest.fixture
+def compile_log(tmp_path, monkeypatch):
+    """Lines `arch symbol` for every stand-in compile, in this process and in spawned workers."""
+    path = tmp_path / "compiles.log"
+    path.touch()
+    monkeypatch.setenv(COMPILE_LOG_ENV, str(path))
+    return lambda: path.read_text().splitlines()
+
+
+def fake_build(out, **options):
+    options.setdefault("show_progress", False)
+    options.setdefault("jobs", 1)
+    return run_build(PLAN, out, name="scale", worker=fake_compile, **options)
+
+
+def bundle_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.cuteaot"))}
+
+
+# -- sharding ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 20])
+def test_shards_partition_the_plan_evenly_and_deterministically(count):
+    items = list(range(17))
+    slices = [Shard(i, count).select(items) for i in range(count)]
+    assert sorted(x for s in slices for x in s) == items  # every item exactly once
+    assert max(map(len, slices)) - min(map(len, slices)) <= 1
+    assert slices == [Shard(i, count).select(list(items)) for i in range(count)]
+
+
+def test_plan_order_is_canonical_whatever_order_the_job_gives():
+    # Shard jobs must agree on the plan even if one says --arch sm100a,sm_90a and repeats keys.
+    forward = keys_by_arch({"sm_90a": PLAN["sm_90a"], "sm_100a": PLAN["sm_100a"]})
+    backward = keys_by_arch(
+        {"SM100A": PLAN["sm_100a"][::-1], "sm90a": PLAN["sm_90a"][::-1] + PLAN["sm_90a"][:2]}
+    )
+    assert forward == backward
+    assert list(forward) == ["sm_90a", "sm_100a"]
+    assert [k.symbol for k in forward["sm_90a"]] == sorted(k.symbol for k in PLAN["sm_90a"])
+
+
+@pytest.mark.parametrize("text", ["2/2", "-1/2", "0/0", "1", "a/b", "1/2/3"])
+def test_bad_shard_specs_are_refused(text):
+    with pytest.raises(ValueError):
+        Shard.parse(text)
+    result = CliRunner().invoke(main, ["--shard", text, "--quiet", "--no-cache"])
+    assert result.exit_code == 2
+
+
+def test_shard_spec_accepts_ci_spellings():
+    assert Shard.parse(" 3 / 8 ") == Shard(3, 8)
+    assert str(Shard.parse("0/1")) == "0/1"
+
+
+# -- worker count --------------------------------------------------------------------------------
+
+
+def test_default_jobs_is_cores_bounded_by_memory(monkeypatch):
+    monkeypatch.setattr(compile_pool, "usable_cores", lambda: 8)
+    monkeypatch.setattr(compile_pool, "available_memory", lambda: None)
+    assert compile_pool.default_jobs() == 8
+    monkeypatch.setattr(compile_pool, "available_memory", lambda: 1000 << 20)
+    assert compile_pool.default_jobs() == 3  # 1000 MB / ~300 MB per worker
+    monkeypatch.setattr(compile_pool, "available_memory", lambda: 10 << 20)
+    assert compile_pool.default_jobs() == 1
+
+
+def test_available_memory_reads_this_machine():
+    memory = compile_pool.available_memory()
+    assert memory is None or memory > 0
+
+
+# -- parallel compile, failures ------------------------------------------------------------------
+
+
+def test_failing_and_crashing_keys_are_reported_and_the_rest_builds(tmp_path, compile_log):
+    plan = {
+        "sm_90a": [dot_key(m, 64) for m in (1, 2, 3, FAIL_M, CRASH_M)],
+        "sm_100a": [dot_key(m, 64) for m in (1, 2)],
+    }
+    out = tmp_path / "out"
+    outcome = run_build(plan, out, name="f", jobs=2, show_progress=False, worker=fake_compile)
+    status = {(r["arch"], r["key_id"]): (r["status"], r.get("error", "")) for r in outcome.rows}
+    assert len(status) == 7
+    assert status[("sm_90a", dot_key(FAIL_M, 64).id)] == ("failed", "ValueError: no tactic fits")
+    crashed = status[("sm_90a", dot_key(CRASH_M, 64).id)]
+    assert crashed == ("failed", compile_pool.WORKER_DIED)
+    assert sum(s == "ok" for s, _ in status.values()) == 5
+    # The failed architecture gets no bundle, the other one does; nothing half-written.
+    assert outcome.incomplete == {"sm_90a": 2}
+    assert sorted(p.name for p in out.iterdir()) == ["f-sm_100a.cuteaot"]
+
+    # Allowed failures (in this process: no crashing key here): the bundle holds the rest.
+    plan = {"sm_90a": [dot_key(m, 64) for m in (1, 2, FAIL_M)]}
+    allowed = run_build(
+        plan, tmp_path / "allowed", name="f", jobs=1, show_progress=False,
+        worker=fake_compile, allow_failures=True,
+    )  # fmt: skip
+    (manifest,) = [read_bundle(p)[0] for p in allowed.bundles]
+    assert {e.key_id for e in manifest.entries} == {dot_key(m, 64).id for m in (1, 2)}
+    assert allowed.incomplete == {"sm_90a": 1}
+
+
+def test_build_raises_build_error_naming_key_and_arch(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        build_module, "run_build", lambda *a, **k: run_build(*a, **k, worker=fake_compile)
+    )
+    with pytest.raises(BuildError, match=f"router_gemm key {dot_key(FAIL_M, 64).id} on sm_90a"):
+        build_module.build({"sm_90a": [dot_key(FAIL_M, 64)]}, tmp_path, jobs=1, show_progress=False)
+
+
+def test_unexpected_worker_exception_becomes_a_failed_row(tmp_path):
+    def broken_worker(*args):
+        raise RuntimeError("worker bug")
+
+    outcome = run_build(
+        {"sm_90a": [dot_key(1, 64)]}, tmp_path, jobs=1, show_progress=False, worker=broken_worker
+    )
+    (row,) = outcome.rows
+    assert row["status"] == "failed" and "RuntimeError: worker bug" in row["error"]
+    assert row["key_id"] == dot_key(1, 64).id and row["arch"] == "sm_90a"
+
+
+# -- cache, shards, merge, reproducibility -------------------------------------------------------
+
+
+def test_cached_rebuild_shards_and_clean_builds_are_byte_identical(
+    tmp_path, compile_log, monkeypatch
+):
+    cache = BuildCache(tmp_path / "cache")
+    plain = fake_build(tmp_path / "plain", cache=cache, jobs=2)
+    total = sum(map(len, PLAN.values()))
+    assert len(compile_log()) == total and cache.misses == total
+    expected = bundle_bytes(tmp_path / "plain")
+    assert sorted(expected) == ["scale-sm_100a.cuteaot", "scale-sm_90a.cuteaot"]
+    mtimes = {p: p.stat().st_mtime_ns for p in plain.bundles}
+
+    # A rebuild that changes nothing compiles nothing, links nothing, rewrites nothing.
+    monkeypatch.setattr(build_module, "pack_bundle", _must_not_link)
+    again = fake_build(tmp_path / "plain", cache=BuildCache(tmp_path / "cache"))
+    assert len(compile_log()) == total
+    assert all(row.get("cached") for row in again.rows)
+    assert {p: p.stat().st_mtime_ns for p in again.bundles} == mtimes
+    monkeypatch.undo()
+    monkeypatch.setenv(COMPILE_LOG_ENV, str(tmp_path / "compiles.log"))
+
+    # Three shards (no cache, separate folders), merged: the same bytes.
+    for index in range(3):
+        shard = fake_build(tmp_path / f"ci-job-{index}", shard=Shard(index, 3))
+        assert shard.bundles == [] and (shard.shard_folder / "shard.json").exists()
+    assert len(compile_log()) == 2 * total
+    merged = merge([tmp_path / f"ci-job-{i}" for i in range(3)], tmp_path / "merged")
+    assert not merged.failed
+    assert bundle_bytes(tmp_path / "merged") == expected
+
+    # A clean build elsewhere (no cache) is byte-identical, and check_reproducible agrees.
+    fake_build(tmp_path / "clean")
+    assert bundle_bytes(tmp_path / "clean") == expected
+    check_reproducible(plain.bundles, lambda folder: fake_build(folder))
+    for data in expected.values():
+        assert str(tmp_path).encode() not in data  # no absolute paths in a bundle
+
+
+def _must_not_link(*args, **kwargs):
+    raise AssertionError("a no-change rebuild must not link")
+
+
+def test_check_reproducible_names_the_kernels_that_differ(tmp_path):
+    plan = {"sm_90a": [dot_key(1, 64), dot_key(2, 64)]}
+    outcome = run_build(plan, tmp_path / "a", jobs=1, show_progress=False, worker=fake_compile)
+    other = dot_key(2, 64)
+
+    def drifting_compile(family_name, key_fields, arch, out_dir):
+        row = fake_compile(family_name, key_fields, arch, out_dir)
+        if key_fields == other.fields():  # this key's object comes out different
+            with open(row["object"], "ab") as handle:
+                handle.write(b"\0" * 8)
+            data = Path(row["object"]).read_bytes()
+            row.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        return row
+
+    def rebuild(folder):
+        run_build(plan, folder, jobs=1, show_progress=False, worker=drifting_compile)
+
+    with pytest.raises(NotReproducibleError, match=f"1 kernel objects .* {other.symbol}"):
+        check_reproducible(outcome.bundles, rebuild)
+
+
+def test_corrupt_cache_entry_is_a_miss_and_is_healed(tmp_path, compile_log):
+    plan = {"sm_90a": [dot_key(1, 64)]}
+    cache = BuildCache(tmp_path / "cache")
+    run_build(plan, tmp_path / "a", cache=cache, jobs=1, show_progress=False, worker=fake_compile)
+    (obj,) = (tmp_path / "cache" / "objects").rglob("*.o")
+    obj.chmod(0o644)
+    obj.write_bytes(b"garbage")
+    cache = BuildCache(tmp_path / "cache")
+    outcome = run_build(
+        plan, tmp_path / "b", cache=cache, jobs=1, show_progress=False, worker=fake_compile
+    )
+    assert cache.misses == 1 and len(compile_log()) == 2
+    assert bundle_bytes(tmp_path / "a") == bundle_bytes(tmp_path / "b")
+    assert not outcome.rows[0].get("cached")
+    third = BuildCache(tmp_path / "cache")
+    run_build(plan, tmp_path / "c", cache=third, jobs=1, show_progress=False, worker=fake_compile)
+    assert third.hits == 1 and len(compile_log()) == 2
+
+
+def test_unwritable_cache_never_fails_the_build(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    cache = BuildCache(blocker / "cache")
+    outcome = fake_build(tmp_path / "out", cache=cache)
+    assert not outcome.failed and len(outcome.bundles) == 2
+    assert cache.write_error and "not-a-folder" in cache.write_error
+
+
+def test_cache_digest_changes_with_what_changes_the_object(tmp_path):
+    cache = BuildCache(tmp_path)
+    key = dot_key(1, 64)
+    base = cache.object_digest(key, "sm_90a")
+    assert base == BuildCache(tmp_path / "other").object_digest(key, "sm_90a")
+    assert base != cache.object_digest(key, "sm_100a")
+    assert base != cache.object_digest(dot_key(1, 72), "sm_90a")
+    cache.toolchain = {**cache.toolchain, "cutlass_dsl": {"nvidia-cutlass-dsl": "9.9.9"}}
+    assert base != cache.object_digest(key, "sm_90a")
+
+    row = {"family": "router_gemm", "key_id": key.id, "symbol": key.symbol, "arch": "sm_90a",
+           "sha256": "0" * 64, "size": 10, "seconds": 1.0, "object": "/tmp/x.o"}  # fmt: skip
+    bundle = cache.bundle_digest("n", "sm_90a", "1.0", [row])
+    assert bundle == cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "seconds": 9.0}])
+    assert bundle != cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "sha256": "1" * 64}])
+    assert bundle != cache.bundle_digest("n", "sm_90a", "1.1", [row])
+    assert bundle != cache.bundle_digest("m", "sm_90a", "1.0", [row])
+
+
+def test_default_cache_root_follows_the_runtime_cache_dir(monkeypatch, tmp_path):
+    from cute_aot.runtime.paths import cache_dir
+
+    monkeypatch.delenv("CUTE_AOT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_root() == cache_dir() / "build"
+    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_root() == cache_dir() / "build" == tmp_path / "mine" / "build"
+
+
+def test_merge_refuses_incomplete_or_tampered_shards(tmp_path):
+    for index in range(2):
+        fake_build(tmp_path / "shards", shard=Shard(index, 2))
+    shard_dirs = sorted((tmp_path / "shards").glob("*.shard-*-of-2"))
+    with pytest.raises(ShardError, match=r"missing shard outputs: 1/2"):
+        merge([shard_dirs[0]], tmp_path / "out")
+    with pytest.raises(ShardError, match="given twice"):
+        copy = tmp_path / "copy"
+        subprocess.run(["cp", "-r", str(shard_dirs[0]), str(copy)], check=True)
+        merge([tmp_path / "shards", copy], tmp_path / "out")
+    obj = next((shard_dirs[1] / "objects").rglob("*.o"))
+    obj.write_bytes(obj.read_bytes() + b"\0")
+    with pytest.raises(ShardError, match="does not match its recorded sha256"):
+        merge([tmp_path / "shards"], tmp_path / "out")
+    other = run_build(
+        {"sm_90a": [dot_key(1, 64)]}, tmp_path / "other", name="scale", shard=Shard(1, 2),
+        jobs=1, show_progress=False, worker=fake_compile,
+    )  # fmt: skip
+    with pytest.raises(ShardError, match="differ in plan_sha256"):
+        merge([shard_dirs[0], other.shard_folder], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+def test_presets_cover_the_reference_models_and_the_default_shapes():
+    shapes = {name: (m.hidden_size, m.num_experts) for name, m in PRESETS.items()}
+    assert shapes["deepseek-v3"] == shapes["deepseek-v3.2"] == (7168, 256)
+    assert shapes["deepseek-v4-pro"] == (7168, 384)
+    assert shapes["deepseek-v4-flash"] == (4096, 256)
+    assert shapes["glm-5.2"] == (6144, 256)
+    assert shapes["inkling"] == (6144, 264)
+    assert shapes["gpt-oss-120b"] == (2880, 128)
+    assert set(DEFAULT_SHAPES) <= set(shapes.values())
+
+
+@pytest.mark.parametrize(
+    "config, shape",
+    [
+        ({"hidden_size": 7168, "n_routed_experts": 256, "num_experts_per_tok": 8}, (7168, 256)),
+        ({"hidden_size": 4096, "num_local_experts": 8}, (4096, 8)),
+        ({"hidden_size": 2048, "num_experts": 128, "n_routed_experts": None}, (2048, 128)),
+        ({"text_config": {"hidden_size": 5120, "num_local_experts": 16}}, (5120, 16)),
+    ],
+)  # fmt: skip
+def test_hf_config_gives_the_router_shape(tmp_path, config, shape):
+    folder = tmp_path / "Some-MoE"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    model = model_from_config(folder)  # a folder or the file itself
+    assert (model.hidden_size, model.num_experts) == shape
+    assert model.name == "Some-MoE"
+    assert shapes_for_models([model], ["router_gemm"]) == {"router_gemm": [shape]}
+
+
+def test_dense_config_says_it_has_no_router(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 4096, "num_experts": 0, "model_type": "llama"}))
+    with pytest.raises(ModelConfigError, match="no MoE router"):
+        model_from_config(config)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["--model-config", str(config), "--out", str(out)])
+    assert result.exit_code == 1
+    assert "no MoE router" in result.output and str(config) in result.output
+    assert not out.exists()
+
+
+def test_config_with_a_shape_no_kernel_serves_is_refused_by_name(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps({"_name_or_path": "odd/model", "hidden_size": 2883, "num_experts": 8})
+    )
+    with pytest.raises(UnsupportedProblemError, match="odd/model.*K % 8"):
+        shapes_for_models([model_from_config(config)], ["router_gemm"])
+
+
+def test_model_plan_replaces_the_default_shapes(tmp_path, monkeypatch):
+    seen = {}
+
+    def record(plan, out_dir, **kwargs):
+        seen.update(plan)
+        raise UnsupportedProblemError("stop here")
+
+    monkeypatch.setattr("cute_aot.aot.cli.run_build", record)
+    args = ["--model", "gpt-oss-120b,deepseek-v4-flash", "--arch", "sm_90a,sm_103a", "--no-cache"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and "stop here" in result.output
+    assert list(seen) == ["sm_90a", "sm_103a"]
+    for arch, keys in seen.items():
+        want = {
+            dispatch(m, k, n, arch) for k, n in [(2880, 128), (4096, 256)] for m in range(1, 17)
+        }
+        assert set(keys) == want
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+
+
+def test_build_options_do_not_go_with_a_subcommand(tmp_path):
+    result = CliRunner().invoke(main, ["--arch", "sm_90a", "merge", str(tmp_path)])
+    assert result.exit_code == 2 and "--arch" in result.output
+
+
+def test_merge_without_shards_fails_cleanly(tmp_path):
+    result = CliRunner().invoke(main, ["merge", str(tmp_path), "--out", str(tmp_path / "b")])
+    assert result.exit_code == 1 and "no shard outputs" in result.output
+
+
+def test_cli_reports_a_failed_key_and_exits_non_zero_unless_allowed(tmp_path):
+    bogus = RouterGemmKey("bogus", 1, 64, 128, 0, 0, True)  # fails before importing cutlass
+    log = tmp_path / "misses.jsonl"
+    log.write_text(json.dumps({"family": "router_gemm", "key": bogus.fields(), "arch": "sm_90a"}))
+    out = tmp_path / "out"
+    args = ["--from-misses", str(log), "--out", str(out), "-j", "1", "--no-cache", "--quiet"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert bogus.id in result.output and "sm_90a" in result.output
+    assert "unknown backend 'bogus'" in result.output
+    (row,) = json.loads(report_path(out, "default").read_text())["keys"]
+    assert row["status"] == "failed" and row["key_id"] == bogus.id
+    assert "unknown backend" in row["error"] and "Traceback" in row["traceback"]
+    assert not list(out.glob("*.cuteaot"))
+    allowed = CliRunner().invoke(main, [*args, "--allow-failures"])
+    assert allowed.exit_code == 0, allowed.output
+
+
+# -- real kernels --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_aot_build_shards_merge_cache_and_reproducibility_with_real_kernels(tmp_path, monkeypatch):
+    """The issue's acceptance checks in miniature: 3 small real keys on two architectures."""
+    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
+    keys = [("sm_90a", dispatch(1, 256, 8, "sm_90a")), ("sm_90a", dispatch(2, 512, 8, "sm_90a")),
+            ("sm_100a", dispatch(1, 256, 8, "sm_100a"))]  # fmt: skip
+    log = tmp_path / "misses.jsonl"
+    log.write_text(
+        "\n".join(json.dumps({"family": k.FAMILY, "key": k.fields(), "arch": a}) for a, k in keys)
+    )
+
+    def aot_build(*args):
+        result = CliRunner().invoke(main, ["--from-misses", str(log), "--quiet", *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    # Plain build (fills the cache), proven reproducible by a clean second build. In this
+    # process (-j 1): workers would import cutlass again (the e2e fixture covers the pool).
+    output = aot_build("--out", str(tmp_path / "plain"), "-j", "1", "--check-reproducible")
+    assert "2 byte-identical bundles" in output
+    expected = bundle_bytes(tmp_path / "plain")
+    report = json.loads(report_path(tmp_path / "plain", "default").read_text())
+    assert report["summary"] == {"keys": 3, "compiled": 3, "cached": 0, "failed": 0}
+    assert all(row["size"] > 0 and row["seconds"] > 0 for row in report["keys"])
+
+    # Shards in separate CI jobs, merged: the same bytes.
+    for index in range(2):
+        aot_build("--shard", f"{index}/2", "--out", str(tmp_path / f"job{index}"), "-j", "1")
+    result = CliRunner().invoke(
+        main,
+        [
+            "merge",
+            str(tmp_path / "job0"),
+            str(tmp_path / "job1"),
+            "--out",
+            str(tmp_path / "merged"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert bundle_bytes(tmp_path / "merged") == expected
+
+    # A rebuild that changes nothing: everything from the cache, same bytes.
+    aot_build("--out", str(tmp_path / "plain"))
+    report = json.loads(report_path(tmp_path / "plain", "default").read_text())
+    assert report["summary"]["cached"] == 3 and report["summary"]["compiled"] == 0
+    assert bundle_bytes(tmp_path / "plain") == expected

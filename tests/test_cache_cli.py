@@ -1,0 +1,677 @@
+"""`aot-cache` on real small bundles (built on the CPU by the session fixture `small_bundles`)."""
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cute_aot.aot import binary_info
+from cute_aot.aot.cli import plan_from_misses
+from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
+from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.kernels.router_gemm import dispatch
+from cute_aot.runtime import overlay, overlay_gc
+from cute_aot.runtime.cache_cli import main, parse_age, parse_size
+from cute_aot.runtime.misses import record_miss
+
+from .conftest import PROBLEMS
+
+HAS_TOOLS = bool(binary_info.find_tool("cuobjdump") and binary_info.find_tool("nvdisasm"))
+needs_tools = pytest.mark.skipif(not HAS_TOOLS, reason="needs cuobjdump and nvdisasm")
+DOT, SPLITK = PROBLEMS  # (2, 4096, 256) -> dot-product key, (12, 7168, 256) -> split-K key
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """Own cache dir and miss log, no bundles from the environment, wide tables."""
+    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("CUTE_AOT_BUNDLES", "CUTE_AOT_MISS_LOG", "CUTE_AOT_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "250")
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def bundles(small_bundles):
+    """{arch: bundle path} of the session's real bundles, and their folder."""
+    folder, paths, _plan = small_bundles
+    return folder, {read_manifest(path).arch: path for path in paths}
+
+
+def run(*args, code: int = 0):
+    result = CliRunner().invoke(main, [str(arg) for arg in args])
+    assert result.exit_code == code, result.output
+    return result
+
+
+def run_json(*args, code: int = 0):
+    return json.loads(run(*args, "--json", code=code).stdout)
+
+
+def rewrite(source: Path, target: Path, change) -> Path:
+    """A copy of a bundle whose manifest `change` edited, every hash recomputed (sound bytes,
+    wrong meaning)."""
+    manifest, library = read_bundle(source)
+    _, data = encode_bundle(change(manifest), library)
+    target.write_bytes(data)
+    return target
+
+
+def with_entries(manifest: Manifest, entries) -> Manifest:
+    return dataclasses.replace(manifest, entries=tuple(entries))
+
+
+def entry_for(manifest: Manifest, problem) -> Entry:
+    return manifest.entry_by_id()[dispatch(*problem, manifest.arch).id]
+
+
+# -- ls ------------------------------------------------------------------------------------------
+def test_ls_lists_bundles_with_their_facts(bundles):
+    folder, by_arch = bundles
+    listing = run_json("ls", folder)
+    rows = {row["arch"]: row for row in listing["bundles"]}
+    assert set(rows) == {"sm_90a", "sm_100a"}
+    for arch, row in rows.items():
+        manifest = read_manifest(by_arch[arch])
+        assert row["status"] == "ok" and row["source"] == "argument"
+        assert row["keys"] == 2 == len(manifest.entries)
+        assert row["families"]["router_gemm"]["keys"] == 2
+        assert row["families"]["router_gemm"]["version"] == 1
+        assert row["file_size"] == by_arch[arch].stat().st_size
+        assert row["toolchain"] == manifest.toolchain
+        assert row["created_by"].startswith("cute-aot ")
+    assert listing["overlay"] == []
+    table = run("ls", folder).stdout
+    assert "sm_90a" in table and "router_gemm v1" in table and "tvm-ffi" in table
+
+
+def test_ls_reads_cute_aot_bundles_and_shows_the_overlay(bundles, monkeypatch):
+    folder, by_arch = bundles
+    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(by_arch["sm_90a"]))
+    key = dispatch(3, 2880, 128, "sm_90a")
+    published = overlay.overlay_path(key, "sm_90a")
+    published.parent.mkdir(parents=True)
+    published.write_bytes(by_arch["sm_90a"].read_bytes())
+    listing = run_json("ls")
+    assert [row["path"] for row in listing["bundles"]] == [str(by_arch["sm_90a"])]
+    assert listing["bundles"][0]["source"] == "CUTE_AOT_BUNDLES"
+    [group] = listing["overlay"]
+    assert group["family"] == "router_gemm" and group["status"] == "current"
+    assert group["arch"] == "sm_90a" and group["keys"] == 1
+    assert run_json("ls", "--no-overlay")["overlay"] == []
+
+
+def test_ls_reports_an_unreadable_bundle_and_fails(bundles, tmp_path):
+    _, by_arch = bundles
+    junk = tmp_path / "junk.cuteaot"
+    junk.write_bytes(b"not a bundle at all, just bytes" * 4)
+    listing = run_json("ls", by_arch["sm_90a"], junk, code=1)
+    assert [row["status"] for row in listing["bundles"]] == ["ok", "error"]
+    assert "bad magic" in listing["bundles"][1]["error"]
+
+
+# -- show ----------------------------------------------------------------------------------------
+@needs_tools
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_show_reports_resources_read_from_each_cubin(bundles, arch):
+    _, by_arch = bundles
+    report = run_json("show", by_arch[arch])
+    entries = {entry["key_id"]: entry for entry in report["entries"]}
+    manifest, library = read_bundle(by_arch[arch])
+    assert set(entries) == {entry.key_id for entry in manifest.entries}
+    sm = binary_info.sm_number(arch)
+    for entry in entries.values():
+        assert entry["sm"] == [sm]
+        fatbin = binary_info.find_fatbin(library, entry["fatbin_sha256"])
+        assert fatbin is not None and len(fatbin) == entry["fatbin_size"]
+        [kernel] = entry["kernels"]
+        assert kernel["name"].startswith("kernel_") and 0 < kernel["registers"] <= 255
+        assert kernel["stack"] == 0 and kernel["instruction_classes"]["total"] > 0
+    split_k = entries[dispatch(*SPLITK, arch).id]["kernels"][0]["instruction_classes"]
+    dot = entries[dispatch(*DOT, arch).id]["kernels"][0]["instruction_classes"]
+    # the split-K kernel is mma.sync + ldmatrix + cp.async; the dot kernel is loads and shuffles
+    assert split_k["HMMA"] > 0 and split_k["LDSM"] > 0 and split_k["LDGSTS"] > 0
+    assert "HMMA" not in dot and dot["SHFL"] > 0 and dot["LDG"] > 0
+    assert report["note"] is None
+
+
+@needs_tools
+def test_show_one_key_in_detail(bundles):
+    _, by_arch = bundles
+    key = dispatch(*SPLITK, "sm_90a")
+    text = run("show", by_arch["sm_90a"], "--key", key.id[:6]).stdout
+    assert key.symbol in text and "split_k" in text
+    assert "mma.sync (warp-level tensor cores)" in text and "most frequent opcodes" in text
+    report = run_json("show", by_arch["sm_90a"], "--key", key.symbol)
+    assert [entry["key_id"] for entry in report["entries"]] == [key.id]
+    filtered = run_json("show", by_arch["sm_90a"], "--family", "router_gemm")
+    assert len(filtered["entries"]) == 2
+
+
+def test_show_refuses_unknown_keys_and_families(bundles):
+    _, by_arch = bundles
+    missing = run("show", by_arch["sm_90a"], "--key", "ffffffff", code=1)
+    assert "no entry 'ffffffff' in this sm_90a bundle" in missing.stderr
+    assert str(by_arch["sm_90a"]) in missing.stderr
+    other = run("show", by_arch["sm_90a"], "--family", "moe_gemm", code=1)
+    assert "family moe_gemm" in other.stderr
+
+
+def test_show_says_when_resources_were_not_recorded(bundles, tmp_path):
+    _, by_arch = bundles
+    bare = rewrite(
+        by_arch["sm_90a"],
+        tmp_path / "bare.cuteaot",
+        lambda m: with_entries(m, [dataclasses.replace(e, gpu_binary=None) for e in m.entries]),
+    )
+    report = run_json("show", bare)
+    assert all(entry["kernels"] is None for entry in report["entries"])
+    assert all(entry["fatbin_sha256"] is None for entry in report["entries"])
+    assert "2 of 2 entries record no resources" in report["note"]
+    assert "not recorded" in run("show", bare).stdout
+
+
+# -- verify --------------------------------------------------------------------------------------
+def test_verify_passes_sound_bundles(bundles):
+    folder, _ = bundles
+    result = run_json("verify", folder)
+    assert result["ok"] and result["failures"] == [] and len(result["bundles"]) == 2
+    for report in result["bundles"]:
+        status = {check["check"]: check["status"] for check in report["checks"]}
+        assert status["integrity"] == status["loader"] == status["sources"] == "ok"
+        assert status["arch"] == "skip"  # no GPU here
+        assert status["kernels"] == "ok"  # fatbin hashes are recorded even without cuobjdump
+    assert "2 bundle(s) verified" in run("verify", folder).stdout
+
+
+def _flip(source: Path, target: Path, offset: int) -> Path:
+    data = bytearray(source.read_bytes())
+    data[offset] ^= 0x01
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_verify_fails_on_a_corrupted_payload_and_names_it(bundles, tmp_path):
+    _, by_arch = bundles
+    corrupt = _flip(by_arch["sm_90a"], tmp_path / "corrupt.cuteaot", -200)
+    result = CliRunner().invoke(main, ["verify", str(by_arch["sm_100a"]), str(corrupt), "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert not report["ok"]
+    good, bad = report["bundles"]
+    assert good["ok"] and not bad["ok"]
+    assert bad["checks"] == [
+        {
+            "check": "integrity",
+            "status": "fail",
+            "detail": "payload hash mismatch (payload corrupted)",
+        }
+    ]
+    assert f"FAILED {corrupt}: integrity: payload hash mismatch" in result.stderr
+
+
+def test_verify_fails_on_a_corrupted_manifest(bundles, tmp_path):
+    _, by_arch = bundles
+    corrupt = _flip(by_arch["sm_90a"], tmp_path / "corrupt.cuteaot", 200)  # inside the manifest
+    result = run("verify", corrupt, code=1)
+    assert "manifest hash mismatch" in result.stderr
+
+
+def test_verify_finds_a_kernel_whose_fatbin_is_not_in_the_library(bundles, tmp_path):
+    _, by_arch = bundles
+
+    def lie(manifest):
+        first, *rest = manifest.entries
+        binary = {**first.gpu_binary, "fatbin_sha256": "0" * 64}
+        return with_entries(manifest, [dataclasses.replace(first, gpu_binary=binary), *rest])
+
+    forged = rewrite(by_arch["sm_90a"], tmp_path / "forged.cuteaot", lie)
+    report = run_json("verify", forged, code=1)
+    kernels = next(c for c in report["bundles"][0]["checks"] if c["check"] == "kernels")
+    assert (
+        kernels["status"] == "fail"
+        and "0000000000000000) is not in the library" in kernels["detail"]
+    )
+
+
+def test_verify_finds_a_key_that_does_not_match_its_id(bundles, tmp_path):
+    _, by_arch = bundles
+
+    def swap_key(manifest):
+        first, *rest = manifest.entries
+        return with_entries(
+            manifest, [dataclasses.replace(first, key={**first.key, "pdl": False}), *rest]
+        )
+
+    forged = rewrite(by_arch["sm_90a"], tmp_path / "forged.cuteaot", swap_key)
+    report = run_json("verify", forged, code=1)
+    loader = next(c for c in report["bundles"][0]["checks"] if c["check"] == "loader")
+    assert loader["status"] == "fail" and "gives id" in loader["detail"]
+
+
+def test_verify_fails_a_bundle_built_from_other_kernel_sources(bundles, tmp_path):
+    _, by_arch = bundles
+
+    def other_sources(manifest):
+        families = {"router_gemm": {**manifest.families["router_gemm"], "source_hash": "f" * 64}}
+        return dataclasses.replace(manifest, families=families)
+
+    stale = rewrite(by_arch["sm_90a"], tmp_path / "stale.cuteaot", other_sources)
+    result = run("verify", stale, code=1)
+    assert "sources: stale for router_gemm: kernel source hash differs" in result.stderr
+
+
+def test_verify_applies_the_gpu_architecture_rules(bundles):
+    folder, by_arch = bundles
+    # a folder: the other architecture's bundle is skipped, as loading the folder would
+    report = run_json("verify", folder, "--gpu-arch", "sm90a")
+    arch = {
+        r["arch"]: next(c for c in r["checks"] if c["check"] == "arch") for r in report["bundles"]
+    }
+    assert arch["sm_90a"]["status"] == "ok" and arch["sm_100a"]["status"] == "skip"
+    # a file named explicitly must fit
+    wrong = run("verify", by_arch["sm_100a"], "--gpu-arch", "sm_90a", code=1)
+    assert "built for sm_100a, this GPU needs sm_90a" in wrong.stderr
+    # nothing for this GPU at all
+    none = run("verify", folder, "--gpu-arch", "sm_103a", code=1)
+    assert "no bundle for this GPU's architecture sm_103a" in none.stderr
+
+
+def test_verify_with_nothing_to_verify_fails():
+    assert "nothing to verify" in run("verify", code=1).stderr
+
+
+# -- explain -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_explain_finds_the_bundle_entry_for_each_shape(bundles, problem):
+    folder, by_arch = bundles
+    shape = ",".join(map(str, problem))
+    report = run_json("explain", "router_gemm", "--shape", shape, "--bundle", folder)
+    decisions = {d["arch"]: d for d in report["decisions"]}
+    assert set(decisions) == {"sm_90a", "sm_100a", "sm_103a"}
+    for arch in ("sm_90a", "sm_100a"):
+        decision, key = decisions[arch], dispatch(*problem, arch)
+        assert decision["key_id"] == key.id and decision["describe"] == key.describe()
+        assert decision["source"] == "bundle" and decision["path"] == str(by_arch[arch])
+        assert entry_for(read_manifest(by_arch[arch]), problem).symbol == decision["symbol"]
+        kind = "dot-product" if key.backend == "dot" else "split-K"
+        assert kind in decision["dispatch"]
+    assert decisions["sm_103a"]["source"] == "jit"  # no sm_103a bundle: a miss
+    text = run("explain", "router_gemm", "--shape", shape, "--bundle", folder).stdout
+    assert f"bundle: {by_arch['sm_90a']}" in text
+
+
+def test_explain_uses_the_tuned_table_and_says_so():
+    # sm90 table: (K=4096, N=256) at M=5 -> split_k 8, 2 stages
+    [decision] = run_json("explain", "router_gemm", "--shape", "5,4096,256", "--arch", "sm_90a")[
+        "decisions"
+    ]
+    assert decision["key"]["split_k"] == 8 and decision["key"]["num_stages"] == 2
+    assert "sm90 table row (K=4096, N=256, M in [5, 6, 7, 13, 16])" in decision["dispatch"]
+
+
+def test_explain_follows_the_miss_path(bundles, isolated):
+    folder, _ = bundles
+    args = [
+        "explain",
+        "router_gemm",
+        "--shape",
+        "3,2880,128",
+        "--arch",
+        "sm_90a",
+        "--bundle",
+        folder,
+    ]
+    key = dispatch(3, 2880, 128, "sm_90a")
+    [miss] = run_json(*args)["decisions"]
+    assert miss["source"] == "jit" and miss["key_id"] == key.id
+    assert "none of the 1 usable sm_90a bundle(s) holds the key" in miss["why"]
+    assert str(isolated / "misses.jsonl") in miss["why"]
+    [aot] = run_json(*args, "--mode", "aot")["decisions"]
+    assert aot["source"] == "error" and "KernelNotFoundError" in aot["why"]
+    published = overlay.overlay_path(key, "sm_90a")
+    published.parent.mkdir(parents=True)
+    published.write_bytes(b"a one-kernel bundle")
+    [hit] = run_json(*args)["decisions"]
+    assert hit["source"] == "overlay" and hit["path"] == str(published)
+    [jit] = run_json(*args, "--mode", "jit")["decisions"]
+    assert jit["source"] == "jit" and "mode jit" in jit["why"]
+
+
+def test_explain_skips_a_stale_bundle_and_a_named_file_of_another_arch(bundles, tmp_path):
+    _, by_arch = bundles
+
+    def other_sources(manifest):
+        families = {"router_gemm": {**manifest.families["router_gemm"], "source_hash": "f" * 64}}
+        return dataclasses.replace(manifest, families=families)
+
+    stale = rewrite(by_arch["sm_90a"], tmp_path / "stale.cuteaot", other_sources)
+    shape = ",".join(map(str, DOT))
+    report = run_json(
+        "explain",
+        "router_gemm",
+        "--shape",
+        shape,
+        "--bundle",
+        stale,
+        "--bundle",
+        by_arch["sm_100a"],
+        "--arch",
+        "sm_90a",
+    )
+    [decision] = report["decisions"]
+    assert decision["source"] == "jit"
+    notes = " ".join(decision["notes"])
+    assert "is not used for it: kernel source hash differs" in notes
+    assert "built for sm_100a: loading it by name on an sm_90a GPU raises" in notes
+
+
+def test_explain_refuses_bad_problems():
+    assert "M,K,N" in run("explain", "router_gemm", "--shape", "12x7168", code=2).output
+    bad_k = run("explain", "router_gemm", "--shape", "2,7167,256", code=1)
+    assert "K % 8 == 0" in bad_k.stderr
+    fp16 = run("explain", "router_gemm", "--shape", "2,4096,256", "--dtype", "fp16", code=1)
+    assert "x float16" in fp16.stderr
+
+
+def test_explain_neither_imports_cutlass_nor_loads_a_library(bundles, tmp_path):
+    folder, _ = bundles
+    script = (
+        "import sys\n"
+        "from cute_aot.runtime.cache_cli import main\n"
+        f"main(['explain', 'router_gemm', '--shape', '12,7168,256', '--bundle', {str(folder)!r}],"
+        " standalone_mode=False)\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "assert 'cutlass' not in sys.modules, 'cutlass imported'\n"
+        "assert 'tvm_ffi' not in sys.modules, 'tvm_ffi imported'\n"
+        "assert 'cute-aot' not in maps and 'libtvm_ffi' not in maps, 'a library was loaded'\n"
+    )
+    env = {**os.environ, "CUTE_AOT_CACHE_DIR": str(tmp_path / "cute-aot")}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "bundle:" in result.stdout
+
+
+# -- diff ----------------------------------------------------------------------------------------
+def test_diff_reports_added_removed_and_changed_keys(bundles, tmp_path):
+    _, by_arch = bundles
+    old = by_arch["sm_90a"]
+    assert run_json("diff", old, old) == {
+        "a": str(old),
+        "b": str(old),
+        "bundle": {},
+        "added": [],
+        "removed": [],
+        "changed": [],
+        "unchanged": 2,
+    }
+    dot_id, split_id = dispatch(*DOT, "sm_90a").id, dispatch(*SPLITK, "sm_90a").id
+
+    def next_release(manifest):
+        kept = [e for e in manifest.entries if e.key_id != dot_id]
+        return dataclasses.replace(
+            with_entries(manifest, [dataclasses.replace(e, sha256="a" * 64) for e in kept]),
+            bundle_version="0.2.0",
+        )
+
+    new = rewrite(old, tmp_path / "new.cuteaot", next_release)
+    result = run_json("diff", old, new)
+    assert [row["key_id"] for row in result["removed"]] == [dot_id]
+    assert result["added"] == [] and result["unchanged"] == 0
+    [changed] = result["changed"]
+    assert changed["key_id"] == split_id
+    assert changed["changes"]["object sha256"][1] == "a" * 64
+    assert result["bundle"] == {"bundle_version": [read_manifest(old).bundle_version, "0.2.0"]}
+    assert [row["key_id"] for row in run_json("diff", new, old)["added"]] == [dot_id]
+    run("diff", old, new, "--exit-code", code=1)
+    run("diff", old, old, "--exit-code")
+
+
+# -- misses --------------------------------------------------------------------------------------
+def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, monkeypatch):
+    folder, _ = bundles
+    log = tmp_path / "misses.jsonl"
+    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(log))
+    missed = [(3, 2880, 128, "sm_90a")] * 3 + [(2, 2880, 128, "sm_90a"), (3, 2880, 128, "sm_100a")]
+    missed += [(*SPLITK, "sm_90a")]  # a key the bundles hold (an older release missed it)
+    for m, k, n, arch in missed:
+        record_miss(dispatch(m, k, n, arch), arch, {"m": m, "k": k, "n": n})
+        time.sleep(0.001)
+    with open(log, "a") as handle:
+        handle.write('{"torn line\n')  # a crashed writer's partial line is skipped
+    out = tmp_path / "to-build.jsonl"
+    report = run_json("misses", "--bundle", folder, "--out", out)
+    assert report["records"] == 6 and len(report["keys"]) == 4
+    top = report["keys"][0]
+    assert top["count"] == 3 and top["arch"] == "sm_90a"
+    assert top["key_id"] == dispatch(3, 2880, 128, "sm_90a").id
+    assert top["problems"] == [{"k": 2880, "m": 3, "n": 128}]
+    assert top["first_seen"] <= top["last_seen"]
+    held = {(row["arch"], row["key_id"]): row["in_bundles"] for row in report["keys"]}
+    assert held[("sm_90a", dispatch(*SPLITK, "sm_90a").id)] is True
+    assert held[("sm_100a", dispatch(3, 2880, 128, "sm_100a").id)] is False
+    plan = plan_from_misses(out, (), ())  # what aot-build --from-misses would build
+    assert {arch: {key.id for key in keys} for arch, keys in plan.items()} == {
+        "sm_90a": {
+            dispatch(m, k, n, "sm_90a").id for m, k, n in [(3, 2880, 128), (2, 2880, 128), SPLITK]
+        },
+        "sm_100a": {dispatch(3, 2880, 128, "sm_100a").id},
+    }
+    only_missing = run_json("misses", "--bundle", folder, "--not-in-bundles", "--arch", "sm90a")
+    assert [row["count"] for row in only_missing["keys"]] == [3, 1]
+    text = run("misses", "--bundle", folder).stdout
+    assert "M=3 K=2880 N=128" in text and f"aot-build --from-misses {log}" in text
+
+
+def test_misses_without_a_log(isolated):
+    report = run_json("misses")
+    assert report["keys"] == [] and report["log"] == str(isolated / "misses.jsonl")
+    assert "No misses recorded" in run("misses").stdout
+
+
+# -- gc ------------------------------------------------------------------------------------------
+def _cache_file(path: Path, age_s: float, size: int = 1000) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+@pytest.fixture
+def overlay_files():
+    root = overlay.overlay_root()
+    current = overlay.fingerprint("router_gemm")
+    day = 86400
+    return {
+        "old": _cache_file(root / current / "sm_90a" / "old.cuteaot", 10 * day),
+        "week": _cache_file(root / current / "sm_90a" / "week.cuteaot", 6 * day),
+        "fresh": _cache_file(root / current / "sm_90a" / "fresh.cuteaot", 1),
+        "foreign": _cache_file(root / "0123456789abcdef01234567" / "sm_90a" / "x.cuteaot", 3600),
+        "debris": _cache_file(root / current / "sm_90a" / ".k.cuteaot.abc123.tmp", 2 * 3600),
+        "publishing": _cache_file(root / current / "sm_90a" / ".j.cuteaot.def456.tmp", 1),
+    }
+
+
+def _left(files: dict) -> set[str]:
+    return {name for name, path in files.items() if path.exists()}
+
+
+def test_gc_without_options_removes_only_debris(overlay_files):
+    report = run_json("gc")
+    assert [Path(r["path"]).name for r in report["removed"]] == [".k.cuteaot.abc123.tmp"]
+    assert _left(overlay_files) == {"old", "week", "fresh", "foreign", "publishing"}
+
+
+def test_gc_dry_run_removes_nothing(overlay_files):
+    report = run_json("gc", "--older-than", "7d", "--stale", "--dry-run")
+    assert report["dry_run"]
+    assert {Path(r["path"]).name for r in report["removed"]} == {
+        "old.cuteaot",
+        "x.cuteaot",
+        ".k.cuteaot.abc123.tmp",
+    }
+    assert _left(overlay_files) == set(overlay_files)
+
+
+def test_gc_older_than_and_stale(overlay_files):
+    run("gc", "--older-than", "7d")
+    assert _left(overlay_files) == {"week", "fresh", "foreign", "publishing"}
+    run("gc", "--stale")
+    assert _left(overlay_files) == {"week", "fresh", "publishing"}
+    run("gc", "--older-than", "0")  # everything is older than 0 s, but fresh files are kept
+    assert _left(overlay_files) == {"fresh", "publishing"}
+
+
+def test_gc_max_size_removes_oldest_first_but_never_fresh_files(overlay_files):
+    report = run_json("gc", "--max-size", "1.5K")
+    # 5 entries of 1000 B (debris goes anyway): the oldest go until at most 1536 B are left
+    assert [Path(r["path"]).name for r in report["removed"]][-3:] == [
+        "old.cuteaot",
+        "week.cuteaot",
+        "x.cuteaot",
+    ]
+    assert _left(overlay_files) == {"fresh", "publishing"}
+    run("gc", "--max-size", "0")
+    assert _left(overlay_files) == {"fresh", "publishing"}  # younger than the grace period
+    run("gc", "--max-size", "0", "--grace", "0")
+    assert _left(overlay_files) == {"publishing"}  # a temporary is its publisher's, not ours
+
+
+def test_gc_is_safe_for_readers_and_racing_collectors(overlay_files):
+    with open(overlay_files["old"], "rb") as reader:
+        remove, _ = overlay_gc.plan(older_than=86400)
+        assert overlay_gc.remove_files(remove)
+        assert reader.read() == b"x" * 1000  # an open file stays readable after the unlink
+    # a second collector with the same plan finds the files gone and counts nothing twice
+    assert overlay_gc.remove_files(remove) == []
+
+
+def test_gc_rejects_bad_sizes_and_ages():
+    assert "500M or 2G" in run("gc", "--max-size", "lots", code=2).output
+    assert "7d, 12h or 30m" in run("gc", "--older-than", "forever", code=2).output
+    assert parse_size("2G") == 2 << 30 and parse_size("1.5KiB") == 1536 and parse_size("10") == 10
+    assert parse_age("7d") == 7 * 86400 and parse_age("30m") == 1800 and parse_age("90") == 90
+
+
+# -- env -----------------------------------------------------------------------------------------
+def test_env_reports_versions_paths_and_mode(isolated, monkeypatch, bundles):
+    folder, _ = bundles
+    monkeypatch.setenv("CUTE_AOT_MODE", "aot")
+    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(folder))
+    report = run_json("env")
+    assert report["mode"] == "aot" and report["mode_source"] == "CUTE_AOT_MODE"
+    assert report["paths"]["cache_dir"] == str(isolated)
+    assert report["paths"]["bundles"] == [str(p) for p in sorted(folder.glob("*.cuteaot"))]
+    assert report["env"]["CUTE_AOT_BUNDLES"] == str(folder)
+    assert report["versions"]["nvidia-cutlass-dsl"] == "4.8.1"
+    assert report["versions"]["apache-tvm-ffi"]
+    assert report["gpu"] is None  # CPU machine
+    if HAS_TOOLS:
+        assert Path(report["tools"]["cuobjdump"]["path"]).is_file()
+        assert report["tools"]["cuobjdump"]["version"].startswith("13.")
+    text = run("env").stdout
+    assert "serving mode" in text and "aot (CUTE_AOT_MODE)" in text
+
+
+# -- sass ----------------------------------------------------------------------------------------
+@needs_tools
+def test_sass_prints_the_kernels_code(bundles):
+    _, by_arch = bundles
+    key = dispatch(*SPLITK, "sm_100a")
+    text = run("sass", by_arch["sm_100a"], key.id).stdout
+    assert text.startswith(f"// {by_arch['sm_100a']} · sm_100a · key {key.id}")
+    assert ".target\tsm_100a" in text and "HMMA" in text and "LDSM" in text
+    report = run_json("sass", by_arch["sm_100a"], key.symbol)
+    assert report["key_id"] == key.id and "HMMA" in report["sass"]
+    dot = run_json("sass", by_arch["sm_100a"], dispatch(*DOT, "sm_100a").id)
+    assert "HMMA" not in dot["sass"] and "SHFL" in dot["sass"]
+    assert "/* 0x" in run("sass", by_arch["sm_100a"], key.id, "--hex").stdout
+
+
+def test_sass_refuses_what_it_cannot_find(bundles, tmp_path):
+    _, by_arch = bundles
+    assert "no entry 'nope'" in run("sass", by_arch["sm_90a"], "nope", code=1).stderr
+    bare = rewrite(
+        by_arch["sm_90a"],
+        tmp_path / "bare.cuteaot",
+        lambda m: with_entries(m, [dataclasses.replace(e, gpu_binary=None) for e in m.entries]),
+    )
+    key = dispatch(*DOT, "sm_90a")
+    refused = run("sass", bare, key.id, code=1)
+    assert (
+        f"sm_90a key {key.id}: no fatbin sha256 recorded and the library holds 2 fatbins"
+        in refused.stderr
+    )
+
+
+# -- the GPU binary facts recorded at build time -------------------------------------------------
+def test_library_fatbins_are_exactly_the_entries_fatbins(bundles):
+    _, by_arch = bundles
+    manifest, library = read_bundle(by_arch["sm_90a"])
+    found = [hashlib.sha256(f).hexdigest() for _, f in binary_info.iter_fatbins(library)]
+    assert sorted(found) == sorted(e.gpu_binary["fatbin_sha256"] for e in manifest.entries)
+
+
+def test_inspecting_without_tools_records_only_the_hash(bundles, monkeypatch):
+    _, by_arch = bundles
+    _, library = read_bundle(by_arch["sm_100a"])
+    [(_, fatbin), *_] = binary_info.iter_fatbins(library)
+    monkeypatch.setattr(binary_info, "find_tool", lambda name: None)
+    assert binary_info.inspect_fatbin(fatbin) == {
+        "fatbin_sha256": hashlib.sha256(fatbin).hexdigest(),
+        "fatbin_size": len(fatbin),
+        "sm": [100],
+    }
+    with pytest.raises(binary_info.ToolNotFoundError, match="pip install nvidia-cuda-cuobjdump"):
+        binary_info.disassemble(fatbin)
+
+
+def test_parsers_and_instruction_classes():
+    usage = binary_info.parse_resource_usage(
+        " Function kernel_a:\n  REG:154 STACK:16 SHARED:2048 LOCAL:0 CONSTANT[0]:900 TEXTURE:0\n"
+    )
+    assert usage == {
+        "kernel_a": {"registers": 154, "stack": 16, "shared": 2048, "local": 0, "constant0": 900}
+    }
+    sass = (
+        ".text.kernel_a:\n"
+        "        /*0000*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ ;\n"
+        "        /*0010*/              @!P0 UTMALDG.2D [UR8], [UR12] ;\n"
+        "        /*0020*/              @UPT UTCHMMA gdesc[UR4], gdesc[UR6], tmem[UR8] ;\n"
+        "        /*0030*/                   UTCBAR [UR4] ;\n"
+        "        /*0040*/                   FFMA R1, R2, R3, R4 ;\n"
+    )
+    opcodes = binary_info.parse_sass_opcodes(sass)
+    assert opcodes == {"kernel_a": {"HGMMA": 1, "UTMALDG": 1, "UTCHMMA": 1, "UTCBAR": 1, "FFMA": 1}}
+    assert binary_info.classify_opcodes(opcodes["kernel_a"]) == {
+        "UTC*MMA": 1,
+        "UTC*": 1,
+        "HGMMA": 1,
+        "UTMA*": 1,
+        "FFMA": 1,
+        "total": 5,
+    }
+    assert binary_info.fatbin_length(b"\x50\xed\x55\xba" + b"\0" * 12) is None  # wrong version
+    with pytest.raises(binary_info.BinaryInspectionError, match="not an ELF file"):
+        binary_info.object_fatbin(b"definitely not ELF", "x.o")
+
+
+def test_manifests_without_gpu_facts_stay_as_before(bundles):
+    _, by_arch = bundles
+    manifest = read_manifest(by_arch["sm_90a"])
+    bare = with_entries(
+        manifest, [dataclasses.replace(e, gpu_binary=None) for e in manifest.entries]
+    )
+    raw = json.loads(bare.to_json())
+    assert all("gpu_binary" not in entry for entry in raw["entries"])
+    assert Manifest.from_json(bare.to_json()) == bare
+    if HAS_TOOLS:
+        assert Manifest.from_json(manifest.to_json()) == manifest
