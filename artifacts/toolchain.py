@@ -8,6 +8,7 @@ metadata only: finding this out never imports cutlass.
 from __future__ import annotations
 
 import functools
+import re
 from importlib import metadata
 
 CUTLASS_DSL_PREFIX = "nvidia-cutlass-dsl"
@@ -15,6 +16,7 @@ TVM_FFI_DIST = "apache-tvm-ffi"
 CUDA_RUNTIME_DIST = "nvidia-cuda-runtime"
 
 
+@functools.cache
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -22,14 +24,30 @@ def _version(dist: str) -> str | None:
         return None
 
 
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
 @functools.cache
 def cutlass_dsl_versions() -> dict[str, str]:
-    """Every installed nvidia-cutlass-dsl* distribution and its version."""
-    found = {}
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name.startswith(CUTLASS_DSL_PREFIX):
-            found[name] = dist.version
+    """Every installed nvidia-cutlass-dsl* distribution and its version.
+
+    Found by following the main distribution's nvidia-cutlass-dsl* requirements (any extra), not
+    by scanning every installed distribution: the scan costs ~200 ms on a server's first bundle
+    load, these lookups about a millisecond.
+    """
+    found: dict[str, str] = {}
+    todo = [CUTLASS_DSL_PREFIX]
+    while todo:
+        name = todo.pop()
+        version = _version(name)
+        if name in found or version is None:
+            continue
+        found[name] = version
+        for requirement in metadata.requires(name) or []:
+            match = _REQUIREMENT_NAME.match(requirement)
+            required = match.group(1).lower().replace("_", "-") if match else ""
+            if required.startswith(CUTLASS_DSL_PREFIX):
+                todo.append(required)
     return dict(sorted(found.items()))
 
 
