@@ -25,6 +25,7 @@ from pathlib import Path
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.kernels import family, source_hash
+from cute_aot.runtime import paths
 
 # Bump when the layout or the meaning of a digest changes: old entries are then never found.
 CACHE_FORMAT = 1
@@ -47,15 +48,8 @@ PACKER_DATA = ("cute_dsl_shim.c", "exports.map")
 
 
 def default_cache_root() -> Path:
-    """Under the per-user cute-aot cache folder ($CUTE_AOT_CACHE_DIR or ~/.cache/cute-aot).
-
-    The same rule as cute_aot.runtime.paths.cache_dir, restated: importing cute_aot.runtime
-    imports torch (seconds), which a no-change rebuild must not pay.
-    """
-    if os.environ.get("CUTE_AOT_CACHE_DIR"):
-        return Path(os.environ["CUTE_AOT_CACHE_DIR"]) / CACHE_SUBDIR
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cute-aot" / CACHE_SUBDIR
+    """Under the per-user cute-aot cache folder ($CUTE_AOT_CACHE_DIR or ~/.cache/cute-aot)."""
+    return paths.cache_dir() / CACHE_SUBDIR
 
 
 def stable_row(row: dict) -> dict:
