@@ -15,19 +15,28 @@ from cute_aot.aot.binary_info import inspect_object
 from cute_aot.kernels import family, family_builder
 
 
+def export_object(compiled, key, out_dir: str | Path) -> dict:
+    """Export a compiled kernel as `<out_dir>/<symbol>.o` (atomically); its path, sha256, size."""
+    target = Path(out_dir) / f"{key.symbol}.o"
+    tmp = Path(out_dir) / f".{key.symbol}.{os.getpid()}.tmp.o"
+    try:
+        compiled.export_to_c(str(tmp), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    data = target.read_bytes()
+    return {"object": str(target), "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
 def compile_to_object(family_name: str, key_fields: dict, arch: str, out_dir: str) -> dict:
     """Compile and export one key; returns a report row (never raises: errors are data here)."""
     started = time.perf_counter()
     key = family(family_name).Key.from_fields(key_fields)
     row = {"family": family_name, "key_id": key.id, "symbol": key.symbol, "arch": arch}
-    target = Path(out_dir) / f"{key.symbol}.o"
-    tmp = Path(out_dir) / f".{key.symbol}.{os.getpid()}.tmp.o"
     try:
         compiled = family_builder(family_name).compile(key, arch)
-        compiled.export_to_c(str(tmp), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
-        os.replace(tmp, target)
+        exported = export_object(compiled, key, out_dir)
     except Exception as exc:  # reported with its key; the build decides what failure means
-        tmp.unlink(missing_ok=True)
         row.update(
             status="failed",
             error=f"{type(exc).__name__}: {exc}",
@@ -35,15 +44,12 @@ def compile_to_object(family_name: str, key_fields: dict, arch: str, out_dir: st
             seconds=time.perf_counter() - started,
         )
         return row
-    data = target.read_bytes()
     row.update(
         status="ok",
-        object=str(target),
-        sha256=hashlib.sha256(data).hexdigest(),
-        size=len(data),
+        **exported,
         # Registers, shared memory, SASS mix (cuobjdump/nvdisasm, when installed): known here
         # only, since linking renames the local symbol that marks each kernel's fatbin.
-        gpu_binary=inspect_object(target),
+        gpu_binary=inspect_object(Path(exported["object"])),
         seconds=time.perf_counter() - started,
     )
     return row

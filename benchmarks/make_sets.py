@@ -12,6 +12,7 @@ For each set: <out>/<set>/objects/<symbol>.o (what the peers' per-kernel caches 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -53,8 +54,6 @@ def build_set(name: str, keys: list, arch: str, out: Path, jobs: int) -> None:
     rows = {}
     for key in keys:
         data = (objects_dir / f"{key.symbol}.o").read_bytes()
-        import hashlib
-
         rows[key] = {
             "object": str(objects_dir / f"{key.symbol}.o"),
             "sha256": hashlib.sha256(data).hexdigest(),

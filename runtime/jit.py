@@ -6,12 +6,10 @@ concurrent misses of one key wait for the first one's result instead of compilin
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.runtime import overlay
@@ -75,19 +73,11 @@ def _compile(key, arch: str, publish: bool) -> Callable:
 def _publish(compiled, key, arch: str) -> None:
     """Export, link and publish as a one-kernel bundle; any failure only turns the overlay off."""
     try:
+        from cute_aot.aot.compile_worker import export_object
         from cute_aot.aot.pack import pack_bundle
 
         with tempfile.TemporaryDirectory(prefix="cute-aot-jit-") as scratch:
-            obj = Path(scratch) / f"{key.symbol}.o"
-            compiled.export_to_c(
-                str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True
-            )
-            data = obj.read_bytes()
-            row = {
-                "object": str(obj),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "size": len(data),
-            }
+            row = export_object(compiled, key, scratch)
             _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row})
         if overlay.publish(key, arch, bundle):
             published.append(key.id)
