@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.atomic import publish_once
-from cute_aot.kernels import family, source_hash
+from cute_aot.kernels import family_facts, source_hash
 from cute_aot.runtime import paths
 
 # Bump when the layout or the meaning of a digest changes: old entries are then never found.
@@ -161,7 +161,7 @@ class BuildCache:
                 "bundle_version": bundle_version,
                 "created_by": PACKAGE_VERSION,
                 "toolchain": self.toolchain,
-                "families": {f: [family(f).FAMILY_VERSION, source_hash(f)] for f in families},
+                "families": {f: family_facts(f) for f in families},
                 "objects": [stable_row(row) for row in rows],
                 "packer": packer_fingerprint(),
             }

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from cute_aot.aot.binary_info import inspect_object
-from cute_aot.kernels import family, family_builder
+from cute_aot.kernels import family
 
 
 def export_object(compiled, key, out_dir: str | Path) -> dict:
@@ -34,7 +34,7 @@ def compile_to_object(family_name: str, key_fields: dict, arch: str, out_dir: st
     key = family(family_name).Key.from_fields(key_fields)
     row = {"family": family_name, "key_id": key.id, "symbol": key.symbol, "arch": arch}
     try:
-        compiled = family_builder(family_name).compile(key, arch)
+        compiled = family(family_name).compile(key, arch)
         exported = export_object(compiled, key, out_dir)
     except Exception as exc:  # reported with its key; the build decides what failure means
         row.update(

@@ -9,7 +9,7 @@ from cute_aot.aot.link import link_library
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.bundle import encode_bundle
 from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family, source_hash
+from cute_aot.kernels import family_facts
 
 
 def pack_bundle(
@@ -37,8 +37,7 @@ def pack_bundle(
         for key in keys
     )
     families = {
-        name_: {"version": family(name_).FAMILY_VERSION, "source_hash": source_hash(name_)}
-        for name_ in sorted({key.FAMILY for key in keys})
+        name_: family_facts(name_) for name_ in sorted({key.FAMILY for key in keys})
     }
     manifest = Manifest(
         name=name,

@@ -21,7 +21,7 @@ from pathlib import Path
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.errors import BuildError
-from cute_aot.kernels import family, source_hash
+from cute_aot.kernels import family, family_facts, source_hash
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 
 SHARD_FORMAT = 1
@@ -75,7 +75,7 @@ def plan_sha256(record: dict[str, list[dict]]) -> str:
 
 def families_record(keys_by_arch: dict[str, list]) -> dict[str, dict]:
     names = sorted({key.FAMILY for keys in keys_by_arch.values() for key in keys})
-    return {n: {"version": family(n).FAMILY_VERSION, "source_hash": source_hash(n)} for n in names}
+    return {n: family_facts(n) for n in names}
 
 
 def write_shard_file(

@@ -76,3 +76,46 @@ class InputError(CuteAotError, ValueError):
 
 class BuildError(CuteAotError):
     """Compiling, linking or packing failed; names the family, key and architecture."""
+
+
+class StaleBundleError(IncompatibleBundleError):
+    """A bundle built from other kernel sources, ABI or compiler than the installed ones."""
+
+
+class JitUnavailableError(CuteAotError):
+    """This process cannot compile a kernel (cutlass-dsl missing, broken, or the compile failed)."""
+
+
+class EntryNotFoundError(CuteAotError, LookupError):
+    """A bundle holds no entry matching what an operator asked for."""
+
+    def __init__(self, path, arch: str, wanted: str, known: list[str]):
+        self.path, self.arch, self.wanted = str(path), arch, wanted
+        listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
+        super().__init__(
+            f"{path}: no entry {wanted!r} in this {arch} bundle (has: {listed or 'nothing'})"
+        )
+
+
+class ModelConfigError(CuteAotError, ValueError):
+    """A model config that cannot give build shapes; names the file."""
+
+    def __init__(self, path, message: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+class ShardError(BuildError):
+    """Shard outputs that cannot be merged; names the shard folder involved."""
+
+
+class NotReproducibleError(BuildError):
+    """Two builds of the same inputs wrote different bundle bytes; names the bundle and kernels."""
+
+
+class BinaryInspectionError(CuteAotError):
+    """A GPU binary cannot be found or read; names the file involved."""
+
+
+class ElfError(CuteAotError, ValueError):
+    """The bytes are not a well-formed 64-bit little-endian ELF shared library."""

@@ -47,7 +47,7 @@ def host_machine() -> str:
 
 def check_entries(path: Path, manifest: Manifest) -> None:
     """Every entry's key is a well-formed key of a listed family that re-derives id and symbol."""
-    from cute_aot.kernels import FAMILIES, family
+    from cute_aot.kernels import families
 
     key_ids = set()
     for index, entry in enumerate(manifest.entries):
@@ -61,8 +61,9 @@ def check_entries(path: Path, manifest: Manifest) -> None:
         # family would skip that check.
         if entry.family not in manifest.families:
             raise BundleFormatError(path, f"{what}: family not listed in the manifest's families")
-        if entry.family in FAMILIES:  # unknown families are never served (see stale_reasons)
-            _check_key(path, what, entry, family(entry.family).Key)
+        known = families().get(entry.family)
+        if known is not None:  # unknown families are never served (see stale_reasons)
+            _check_key(path, what, entry, known.Key)
 
 
 @functools.cache

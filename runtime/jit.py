@@ -60,10 +60,10 @@ def _compile(key, arch: str, publish: bool) -> Callable:
             f"cannot JIT-compile {key.FAMILY} key {key.id} for {arch}: nvidia-cutlass-dsl is not "
             "installed (pip install 'cute-aot[build]')"
         )
-    from cute_aot.kernels import family_builder
+    from cute_aot.kernels import family
 
     with _compile_lock:
-        compiled = family_builder(key.FAMILY).compile(key, arch)
+        compiled = family(key.FAMILY).compile(key, arch)
         compile_count += 1
         if publish:
             _publish(compiled, key, arch)

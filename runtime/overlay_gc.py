@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
-from cute_aot.kernels import FAMILIES
+from cute_aot.kernels import families
 from cute_aot.runtime import overlay
 
 GRACE_S = 60.0
@@ -31,7 +31,7 @@ class CacheFile:
 
 def current_fingerprints() -> dict[str, str]:
     """Overlay fingerprint -> family, for this installation's toolchain and kernel sources."""
-    return {overlay.fingerprint(name): name for name in FAMILIES}
+    return {overlay.fingerprint(name): name for name in families()}
 
 
 def overlay_files() -> list[Path]:

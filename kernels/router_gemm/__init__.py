@@ -13,8 +13,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 
+from typing import NamedTuple
+
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_family, normalize_arch
+from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
 from cute_aot.kernels.keys import KernelKey
 
 FAMILY = "router_gemm"
@@ -119,4 +122,127 @@ def enumerate_keys(
     return sorted(keys, key=lambda key: key.canonical_json())
 
 
-Key = RouterGemmKey  # the family contract: every family names its key class `Key`
+def _table_row(rows: list[dict], m: int, k: int, n: int) -> dict | None:
+    return next((r for r in rows if r["k"] == k and r["n"] == n and m in r["m"]), None)
+
+
+def dispatch_reason(m: int, k: int, n: int, arch: str, key: RouterGemmKey) -> str:
+    """Why `dispatch` chose `key`, in terms of the tuned tables (what `aot-cache explain` says)."""
+    tables = tuned_tables()
+    defaults, table_name = tables["defaults"], arch_family(arch)
+    table = tables[table_name]
+    if key.backend == "dot":
+        if m <= defaults["dot_max_m"]:
+            rule = f"M={m} <= dot_max_m={defaults['dot_max_m']}"
+        else:
+            rule = f"K={k} < dot_below_k={defaults['dot_below_k']}"
+        row = _table_row(table["dot_block_size"], m, k, n)
+        if row:
+            tactic = (
+                f"{table_name} table row (K={k}, N={n}, M in {row['m']}): block {row['block_size']}"
+            )
+        else:
+            tactic = f"no {table_name} table row for (K={k}, N={n}, M={m}): default block {defaults['block_size']}"
+        return f"{rule} -> dot-product kernel (M, K compiled in); {tactic}"
+    row = _table_row(table["split_k"], m, k, n)
+    if row:
+        tactic = (
+            f"{table_name} table row (K={k}, N={n}, M in {row['m']}): "
+            f"split_k={row['split_k']}, stages={row['num_stages']}"
+        )
+    else:
+        tactic = (
+            f"no {table_name} table row for (K={k}, N={n}, M={m}): defaults "
+            f"split_k={defaults['split_k']}, stages={defaults['num_stages']}"
+        )
+    return (
+        f"M={m} > dot_max_m={defaults['dot_max_m']} and K={k} >= dot_below_k="
+        f"{defaults['dot_below_k']} -> cluster split-K kernel (sizes symbolic); {tactic}"
+    )
+
+
+class RouterProblem(NamedTuple):
+    m: int
+    k: int
+    n: int
+    x_dtype: str = X_DTYPE
+    w_dtype: str = W_DTYPE
+
+
+class RouterGemmFamily(KernelFamily):
+    """The family contract for router GEMM (kernels/contract.py)."""
+
+    name = FAMILY
+    version = FAMILY_VERSION
+    Key = RouterGemmKey
+    archs = ("sm_90a", "sm_100a", "sm_103a")
+    abi = (
+        TensorArg("x", X_DTYPE, 2, align_bytes=ALIGN_BYTES),
+        TensorArg("w", W_DTYPE, 2, align_bytes=ALIGN_BYTES),
+        TensorArg("out", OUT_DTYPE, 2, align_bytes=ALIGN_BYTES, output=True),
+    )
+    builder = f"{__name__}.build"
+    default_shapes = DEFAULT_SHAPES
+    shape_syntax = "K,N"
+    unprefixed_shapes = True  # `aot-build --shape K,N` has always meant the router
+
+    def problem(self, x, w) -> RouterProblem:
+        from cute_aot.artifacts.errors import InputError
+
+        (m, k), (n, k_w) = x.shape, w.shape
+        if k != k_w:
+            raise InputError(f"{FAMILY}: x is [M, K={k}] but w is [N, K={k_w}]")
+        if k % K_DIVISOR:
+            raise InputError(f"{FAMILY}: K={k} must be a multiple of {K_DIVISOR}")
+        return RouterProblem(m, k, n, str(x.dtype).removeprefix("torch."),
+                             str(w.dtype).removeprefix("torch."))  # fmt: skip
+
+    def dispatch(self, problem: RouterProblem, arch: str) -> Dispatch:
+        problem = RouterProblem(*problem)
+        key = dispatch(*problem[:3], arch, problem.x_dtype, problem.w_dtype)
+        return Dispatch(key, dispatch_reason(*problem[:3], arch, key))
+
+    def problems(self, shape) -> Iterator[RouterProblem]:
+        for m, k, n in problems([tuple(shape)]):
+            yield RouterProblem(m, k, n)
+
+    def parse_shape(self, text: str) -> tuple[int, int]:
+        k, n = parse_ints(self, text, self.shape_syntax)
+        check_problem(1, k, n)
+        return k, n
+
+    def parse_problem(self, text: str, dtypes: str | None = None) -> RouterProblem:
+        m, k, n = parse_ints(self, text, "M,K,N")
+        x_dtype, w_dtype = (dtypes or f"{X_DTYPE},{W_DTYPE}").split(",", 1)
+        return RouterProblem(m, k, n, x_dtype.strip(), w_dtype.strip())
+
+    def describe_problem(self, problem) -> dict:
+        return RouterProblem(*problem)._asdict()
+
+    def shapes_from_model(self, config: dict) -> list[tuple[int, int]]:
+        """The MoE router's (K = hidden_size, N = routed experts); [] for a dense model."""
+        hidden = config.get("hidden_size")
+        experts = next(
+            (config[f] for f in EXPERT_FIELDS if isinstance(config.get(f), int) and config[f] > 0),
+            None,
+        )
+        if not isinstance(hidden, int) or experts is None:
+            return []
+        check_problem(1, hidden, experts)
+        return [(hidden, experts)]
+
+    def output_shape(self, problem) -> tuple[int, int]:
+        return problem[0], problem[2]
+
+    def reference(self, x, w):
+        import torch
+
+        return torch.mm(x.float(), w.float().t())
+
+
+# Where Hugging Face configs keep the routed expert count (DeepSeek/Kimi/GLM; Qwen-MoE;
+# Mixtral/gpt-oss; ERNIE).
+EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+
+family = RouterGemmFamily()
+Key = RouterGemmKey

@@ -1,0 +1,168 @@
+"""The kernel-family contract: what a family declares so that the build, the runtime and
+`aot-cache` serve it without knowing anything else about it.
+
+A family is one object, a `KernelFamily` subclass instance, registered under the Python entry-point
+group ``cute_aot.families`` (ours exactly as another project's)::
+
+    [project.entry-points."cute_aot.families"]
+    rmsnorm = "my_kernels.rmsnorm:family"
+
+The object and the module that defines it are pure Python: a server imports them on its call
+path, so they never import cutlass (and import torch only inside the methods that take tensors).
+The CuTe DSL code lives in the module named by `builder`, imported only to build or to JIT.
+
+What a family declares:
+
+    name, version       identity; bump `version` when codegen changes in a way the key does not show
+    Key                 the frozen key class (kernels/keys.py): everything that changes the binary
+    archs               architectures it is built for; the build and the loader respect them
+    abi                 the exported function's arguments, in order: name, dtype, rank, layout,
+                        alignment, which one is the output. Recorded in each bundle's manifest and
+                        compared at load: a bundle built against another ABI is never called.
+    problem(*inputs)    the problem (a hashable tuple with dtypes) read from the op's tensors
+    dispatch(problem, arch) -> Dispatch(key, reason): the one rule, with a reason that
+                        `aot-cache explain` prints (so the explanation cannot drift from the rule)
+    problems(shape)     every problem a server can ask for with one weight shape (e.g. M = 1..16)
+    default_shapes, shapes_from_model(config)   what the build enumerates keys from
+    reference(*inputs)  a torch implementation: tests and the torch fallback of mode auto
+    builder             module with `compile(key, arch)`, imported only by builds and JIT
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.kernels.keys import KernelKey
+
+Shape = tuple[int, ...]
+Problem = tuple
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """One tensor argument of a family's exported function (and of its op)."""
+
+    name: str
+    dtype: str  # torch dtype name: "bfloat16", "float32", "float8_e4m3fn"
+    rank: int
+    layout: str = "row-major"  # contiguous, innermost dimension last
+    align_bytes: int = 16  # of the base address
+    output: bool = False  # written by the kernel; the op allocates it when the caller does not
+
+    def describe(self) -> str:
+        role = "out" if self.output else "in"
+        return (
+            f"{role} {self.name}: {self.dtype} rank {self.rank} {self.layout}, "
+            f"{self.align_bytes}-byte aligned"
+        )
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A dispatch decision: the key, and why in words (what `aot-cache explain` prints)."""
+
+    key: KernelKey
+    reason: str
+
+
+class KernelFamily:
+    """Subclass, set the class attributes, implement the methods, register an instance."""
+
+    name: ClassVar[str]
+    version: ClassVar[int]
+    Key: ClassVar[type[KernelKey]]
+    archs: ClassVar[tuple[str, ...]]
+    abi: ClassVar[tuple[TensorArg, ...]]
+    builder: ClassVar[str]  # "package.module" defining compile(key, arch)
+    # The package whose .py/.json files make the kernel source hash (default: the family's own).
+    source_package: ClassVar[str | None] = None
+    default_shapes: ClassVar[tuple[Shape, ...]] = ()
+    # How a shape is written on the command line (`aot-build --shape FAMILY:K,N`), for help texts.
+    shape_syntax: ClassVar[str] = ""
+    # The one family that `--shape DIMS` without a `FAMILY:` prefix means (older command lines).
+    unprefixed_shapes: ClassVar[bool] = False
+
+    # -- problems --------------------------------------------------------------------------------
+    def problem(self, *inputs) -> Problem:
+        """The problem of an op call (shapes and dtypes), after the runtime checked the ABI."""
+        raise NotImplementedError
+
+    def dispatch(self, problem: Problem, arch: str) -> Dispatch:
+        raise NotImplementedError
+
+    def problems(self, shape: Shape) -> Iterable[Problem]:
+        """Every problem a server asks for with this weight shape."""
+        raise NotImplementedError
+
+    def parse_shape(self, text: str) -> Shape:
+        """`aot-build --shape` text -> a shape; UnsupportedProblemError when it is not one."""
+        return parse_ints(self, text, self.shape_syntax)
+
+    def parse_problem(self, text: str, dtypes: str | None = None) -> Problem:
+        """`aot-cache explain --shape` text (and `--dtype`) -> a problem."""
+        raise NotImplementedError
+
+    def shapes_from_model(self, config: dict[str, Any]) -> list[Shape]:
+        """The shapes a model (a Hugging Face config.json as a dict) needs; [] when none."""
+        return []
+
+    def describe_problem(self, problem: Problem) -> dict[str, Any]:
+        """The problem as named fields (miss log, messages)."""
+        return {f"p{i}": value for i, value in enumerate(problem)}
+
+    # -- tensors ---------------------------------------------------------------------------------
+    def output_shape(self, problem: Problem) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def reference(self, *inputs):
+        """The torch implementation: returns the output tensor (tests, torch fallback)."""
+        raise NotImplementedError
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[TensorArg, ...]:
+        return tuple(arg for arg in self.abi if not arg.output)
+
+    @property
+    def output(self) -> TensorArg:
+        (out,) = [arg for arg in self.abi if arg.output]
+        return out
+
+    def abi_record(self) -> list[dict]:
+        """The ABI as manifest data."""
+        return [asdict(arg) for arg in self.abi]
+
+    def supports(self, arch: str) -> bool:
+        return arch in self.archs
+
+    def enumerate_keys(self, arch: str, shapes: Sequence[Shape] | None = None) -> list[KernelKey]:
+        """The distinct keys dispatch yields for these shapes: exactly what servers will ask."""
+        shapes = self.default_shapes if shapes is None else shapes
+        keys = {self.dispatch(p, arch).key for shape in shapes for p in self.problems(shape)}
+        return sorted(keys, key=lambda key: key.canonical_json())
+
+    def compile(self, key: KernelKey, arch: str):
+        """Cross-compile `key` for `arch` (imports the builder, and with it cutlass)."""
+        return importlib.import_module(self.builder).compile(key, arch)
+
+    def __repr__(self) -> str:
+        return f"<kernel family {self.name} v{self.version} ({', '.join(self.archs)})>"
+
+
+def parse_ints(family: KernelFamily, text: str, syntax: str) -> tuple[int, ...]:
+    """`"12,7168,256"` -> (12, 7168, 256), as many as `syntax` names; refuses anything else."""
+    count = len(syntax.split(","))
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != count or any(value < 1 for value in values):
+        raise UnsupportedProblemError(
+            f"{family.name}: {text!r} is not {syntax} ({count} positive integers)"
+        )
+    return values
+
