@@ -24,6 +24,8 @@ What a family declares:
                         `aot-cache explain` prints (so the explanation cannot drift from the rule)
     problems(shape)     every problem a server can ask for with one weight shape (e.g. M = 1..16)
     default_shapes, shapes_from_model(config)   what the build enumerates keys from
+    shapes_from_torch_model(module)             what a server warms up
+    input_shapes(problem), output_shape(problem)
     reference(*inputs)  a torch implementation: tests and the torch fallback of mode auto
     builder             module with `compile(key, arch)`, imported only by builds and JIT
 """
@@ -110,11 +112,19 @@ class KernelFamily:
         """The shapes a model (a Hugging Face config.json as a dict) needs; [] when none."""
         return []
 
+    def shapes_from_torch_model(self, model) -> list[Shape]:
+        """The shapes a loaded torch model's weights ask for (server warm-up); [] when none."""
+        return []
+
     def describe_problem(self, problem: Problem) -> dict[str, Any]:
         """The problem as named fields (miss log, messages)."""
         return {f"p{i}": value for i, value in enumerate(problem)}
 
     # -- tensors ---------------------------------------------------------------------------------
+    def input_shapes(self, problem: Problem) -> tuple[tuple[int, ...], ...]:
+        """The input tensors' shapes of a problem, in ABI order (warm-up fills the op's table)."""
+        raise NotImplementedError
+
     def output_shape(self, problem: Problem) -> tuple[int, ...]:
         raise NotImplementedError
 

@@ -3,7 +3,7 @@ unless a kernel is missing and the mode allows compiling it.
 
     from cute_aot.runtime import load_bundles, router_gemm
     load_bundles("bundles/")            # or set CUTE_AOT_BUNDLES
-    logits = router_gemm(x, w)          # x [M, K] bf16, w [N, K] bf16 -> [M, N] fp32
+    logits = router_gemm(x, w)          # every installed kernel family is an op of its name
 
 Names are imported on first use, so tools that only read bundles (`aot-cache`, `aot-build`)
 do not pay for torch.
@@ -18,14 +18,14 @@ _EXPORTS = {
     "open_bundle": "cute_aot.runtime.loader",
     "Mode": "cute_aot.runtime.mode",
     "current_mode": "cute_aot.runtime.mode",
-    "router_gemm": "cute_aot.runtime.ops",
+    "op": "cute_aot.runtime.ops",
     "forget_resolutions": "cute_aot.runtime.ops",
     "REGISTRY": "cute_aot.runtime.registry",
-    "StaleBundleError": "cute_aot.runtime.registry",
     "load_bundles": "cute_aot.runtime.registry",
+    "StaleBundleError": "cute_aot.artifacts.errors",
     "preload": "cute_aot.runtime.warmup",
     "preload_model": "cute_aot.runtime.warmup",
-    "router_shapes": "cute_aot.runtime.warmup",
+    "model_shapes": "cute_aot.runtime.warmup",
 }
 __all__ = [*_EXPORTS, "set_mode"]
 
@@ -33,15 +33,22 @@ __all__ = [*_EXPORTS, "set_mode"]
 def set_mode(mode) -> None:
     """Set the process-wide mode (auto | aot | jit; None: CUTE_AOT_MODE) for the next calls."""
     from cute_aot.runtime import mode as _mode
-    from cute_aot.runtime.ops import forget_resolutions
+    from cute_aot.runtime.registry import REGISTRY
 
     _mode.set_mode(mode)
-    forget_resolutions()
+    REGISTRY.notify_change()  # every op resolves its shapes again, under the new mode
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    else:
+        from cute_aot.kernels import families
+
+        if name not in families():
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from cute_aot.runtime.ops import op
+
+        value = op(name)  # a kernel family's op, made from its contract
+    globals()[name] = value
+    return value

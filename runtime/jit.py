@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.errors import CuteAotError, JitUnavailableError
 from cute_aot.runtime import overlay
 from cute_aot.runtime.notices import warn_once
 
@@ -20,10 +20,6 @@ _table_lock = threading.Lock()
 _results: dict[tuple[str, str], Future] = {}
 compile_count = 0  # compiles done by this process (tests and benchmarks read it)
 published: list[str] = []  # key ids this process published to the overlay
-
-
-class JitUnavailableError(CuteAotError):
-    """This process cannot compile (nvidia-cutlass-dsl is not installed or does not import)."""
 
 
 def jit_available() -> bool:

@@ -42,6 +42,7 @@ from cute_aot.artifacts.errors import (
 )
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_entries, check_library, host_machine
+from cute_aot.kernels import families
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.runtime import paths
 from cute_aot.runtime.notices import warn_once
@@ -216,6 +217,12 @@ def _import_tvm_ffi(path: Path):
     return tvm_ffi
 
 
+def installed_key_class(family_name: str):
+    """The installed family's key class, or None when the family is not installed here."""
+    found = families().get(family_name)
+    return found.Key if found is not None else None
+
+
 # -- the pipeline --------------------------------------------------------------------------------
 def verify_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> VerifiedBundle:
     """Every check open_bundle makes, short of loading the library (also for `aot-cache verify`).
@@ -231,7 +238,7 @@ def verify_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> Verif
         check_compatible(path, manifest, gpu_arch)
 
     manifest, library = read_bundle(path, check=before_payload)
-    check_entries(path, manifest)
+    check_entries(path, manifest, installed_key_class)
     dynamic = check_library(path, manifest, library)
     _import_tvm_ffi(path)  # maps libtvm_ffi.so into this process, where dlopen will find it
     check_dependencies(path, dynamic)

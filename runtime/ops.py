@@ -1,144 +1,255 @@
-"""Ops on torch tensors. The hit path: checks, one dict lookup, one TVM-FFI call."""
+"""Ops on torch tensors, one per installed kernel family, made from its contract.
+
+    from cute_aot.runtime import router_gemm     # any family name: an op of that family
+    out = router_gemm(x, w)                       # or router_gemm(x, w, out=out)
+
+The hit path is one dict lookup and the TVM-FFI call: the exported function checks dtypes,
+shapes, strides, alignment in C against what its kernel was built for. Anything unusual (the
+first call of a shape, a refused argument, a kernel failure) takes the checked path, which
+validates the call against the family's ABI and names the problem precisely, then resolves:
+bundle -> overlay -> JIT -> torch reference (mode auto; see runtime/mode.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from cute_aot.artifacts.errors import InputError
-from cute_aot.kernels import router_gemm as router_family
-from cute_aot.kernels.router_gemm import ALIGN_BYTES, K_DIVISOR
+from cute_aot.artifacts.errors import InputError, JitUnavailableError, UnsupportedProblemError
+from cute_aot.kernels import KernelFamily, families, family
+from cute_aot.kernels.contract import TensorArg
 from cute_aot.runtime.device import device_arch
-from cute_aot.runtime.jit import JitUnavailableError
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.registry import REGISTRY
 
-# (m, k, n, x's device, w's device) -> TVM-FFI function; filled on the first call of a shape.
-_router_functions: dict[tuple[int, int, int, int, int], Callable] = {}
 
+class FamilyOp:
+    """A family's op: `op(*inputs, out=None)`, in the order and names of the family's ABI."""
 
-def _check_router_inputs(x: torch.Tensor, w: torch.Tensor) -> None:
-    pair = (("x", x), ("w", w))
-    for name, tensor in pair:
-        if not isinstance(tensor, torch.Tensor):
-            raise InputError(
-                f"router_gemm: {name} must be a torch.Tensor, not {type(tensor).__name__}"
-            )
-    for name, tensor in pair:
-        if tensor.dtype != torch.bfloat16:
-            raise InputError(f"router_gemm: {name} must be bfloat16, got {tensor.dtype}")
-    for name, tensor in pair:
-        if tensor.dim() != 2:
-            raise InputError(f"router_gemm: {name} must be 2-D, got shape {tuple(tensor.shape)}")
-    if x.shape[1] != w.shape[1]:
-        raise InputError(f"router_gemm: x is [M, K={x.shape[1]}] but w is [N, K={w.shape[1]}]")
-    if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
-        raise InputError(f"router_gemm: empty problem x {tuple(x.shape)}, w {tuple(w.shape)}")
-    if x.shape[1] % K_DIVISOR:
-        raise InputError(f"router_gemm: K={x.shape[1]} must be a multiple of {K_DIVISOR}")
-    for name, tensor in pair:
-        if not tensor.is_cuda:
-            raise InputError(f"router_gemm: {name} must be on a CUDA device, got {tensor.device}")
-        if not tensor.is_contiguous():
-            raise InputError(f"router_gemm: {name} must be contiguous (row-major)")
-        if tensor.data_ptr() % ALIGN_BYTES:
-            raise InputError(
-                f"router_gemm: {name} must be {ALIGN_BYTES}-byte aligned "
-                f"(its address is {tensor.data_ptr() % ALIGN_BYTES} bytes past a boundary)"
-            )
-    if x.device != w.device:
-        raise InputError(f"router_gemm: x is on {x.device} but w is on {w.device}")
+    def __init__(self, kernel_family: KernelFamily):
+        self.family = kernel_family
+        self.inputs: tuple[TensorArg, ...] = kernel_family.inputs
+        self.output: TensorArg = kernel_family.output
+        self.out_dtype = getattr(torch, self.output.dtype)
+        # (input shapes..., input devices...) -> (function, output shape): filled on the checked
+        # path, emptied whenever bundles are loaded or cleared or the mode changes.
+        self.table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
+        REGISTRY.on_change(self.table.clear)
+        self.call = _hit_path(self)
+        _define_torch_op(self)
 
-
-def _check_out(out: torch.Tensor, m: int, n: int, device: torch.device) -> None:
-    if out.dtype != torch.float32 or tuple(out.shape) != (m, n) or out.device != device:
-        raise InputError(
-            f"router_gemm: out must be float32 [{m}, {n}] on {device}, got {out.dtype} "
-            f"{tuple(out.shape)} on {out.device}"
+    # -- checked path ----------------------------------------------------------------------------
+    def checked(self, inputs: tuple, out, failure: Exception):
+        """Validate, then either explain `failure` or resolve the problem and call its kernel."""
+        problem = self.check(inputs, out)
+        if not isinstance(failure, KeyError):
+            raise failure  # the inputs are fine: a real failure of the kernel call
+        device = inputs[0].get_device()
+        function, out_shape = self.resolve(problem, device)
+        self.table[(*(t.shape for t in inputs), *(t.get_device() for t in inputs))] = (
+            function,
+            out_shape,
         )
-    if not out.is_contiguous() or out.data_ptr() % ALIGN_BYTES:
-        raise InputError("router_gemm: out must be contiguous and 16-byte aligned")
+        if out is None:
+            out = torch.empty(out_shape, dtype=self.out_dtype, device=inputs[0].device)
+        function(*inputs, out)
+        return out
+
+    def check(self, inputs: Sequence, out=None):
+        """The call against the ABI; returns the family's problem. InputError says what is wrong.
+
+        Order: what each tensor is (type, dtype, rank), then the family's own reading of the
+        problem (shapes that must agree), then where and how the data lies (device, layout,
+        alignment), so the first message names the most basic mistake.
+        """
+        name = self.family.name
+        if len(inputs) != len(self.inputs):
+            expected = ", ".join(arg.name for arg in self.inputs)
+            raise InputError(f"{name} takes ({expected}), got {len(inputs)} tensors")
+        pairs = list(zip(self.inputs, inputs, strict=True))
+        for arg, tensor in pairs:
+            _check_kind(name, arg, tensor)
+        problem = self.family.problem(*inputs)
+        for arg, tensor in pairs:
+            _check_placement(name, arg, tensor)
+        if len({tensor.device for tensor in inputs}) > 1:
+            where = ", ".join(f"{arg.name} is on {tensor.device}" for arg, tensor in pairs)
+            raise InputError(f"{name}: tensors on different devices ({where})")
+        if out is not None:
+            _check_kind(name, self.output, out)
+            shape = tuple(self.family.output_shape(problem))
+            if tuple(out.shape) != shape or out.device != inputs[0].device:
+                raise InputError(
+                    f"{name}: out must be {self.output.dtype} {list(shape)} on "
+                    f"{inputs[0].device}, got {out.dtype} {list(out.shape)} on {out.device}"
+                )
+            _check_placement(name, self.output, out)
+        return problem
+
+    def resolve(self, problem, device: int) -> tuple[Callable, tuple[int, ...]]:
+        """The function serving `problem` on CUDA device `device` (once per shape and device)."""
+        family_name = self.family.name
+        arch = device_arch(device)
+        if arch is None:
+            major, minor = torch.cuda.get_device_capability(device)
+            raise InputError(f"{family_name}: no kernels are built for compute capability "
+                             f"{major}.{minor}")  # fmt: skip
+        out_shape = tuple(self.family.output_shape(problem))
+        mode = current_mode()
+        try:
+            if not self.family.supports(arch):
+                raise UnsupportedProblemError(
+                    f"{family_name} is built for {', '.join(self.family.archs)}, not {arch}"
+                )
+            key = self.family.dispatch(problem, arch).key
+            details = self.family.describe_problem(problem)
+            return REGISTRY.resolve(key, arch, details), out_shape
+        except (JitUnavailableError, UnsupportedProblemError) as exc:
+            if mode is not Mode.AUTO:
+                raise
+            warn_once(
+                ("torch-fallback", family_name, arch, str(exc)),
+                f"{exc}; {family_name} runs its torch reference instead",
+            )
+            return self.reference_function(), out_shape
+
+    def preload(self, problem, device: int) -> None:
+        """Resolve `problem` on `device` now and remember it for the hit path (warm-up)."""
+        resolved = self.resolve(problem, device)
+        shapes = [torch.Size(shape) for shape in self.family.input_shapes(problem)]
+        self.table[(*shapes, *[device] * len(shapes))] = resolved
+
+    def reference_function(self) -> Callable:
+        """The torch fallback, which checks its inputs on every call (no C checks guard it)."""
+
+        def reference(*inputs_and_out):
+            *inputs, out = inputs_and_out
+            self.check(inputs, out)
+            out.copy_(self.family.reference(*inputs))
+
+        return reference
 
 
-def _torch_router_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
-    """Last resort of mode auto when no kernel can be had: same math, cuBLAS speed."""
-    torch.mm(x.float(), w.float().t(), out=out)
-
-
-def resolve_router_gemm(m: int, k: int, n: int, device_index: int) -> Callable:
-    """Dispatch a problem to its kernel's function (the slow path, once per shape and device)."""
-    arch = device_arch(device_index)
-    if arch is None:
-        major, minor = torch.cuda.get_device_capability(device_index)
+def _check_kind(name: str, arg: TensorArg, tensor: Any) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise InputError(f"{name}: {arg.name} must be a torch.Tensor, not {type(tensor).__name__}")
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype != arg.dtype:
+        raise InputError(f"{name}: {arg.name} must be {arg.dtype}, got {dtype}")
+    if tensor.dim() != arg.rank:
         raise InputError(
-            f"router_gemm: no kernels are built for compute capability {major}.{minor}"
+            f"{name}: {arg.name} must be {arg.rank}-D, got shape {list(tensor.shape)}"
         )
-    key = router_family.dispatch(m, k, n, arch)
+
+
+def _check_placement(name: str, arg: TensorArg, tensor: torch.Tensor) -> None:
+    if tensor.numel() == 0:
+        raise InputError(f"{name}: {arg.name} is empty (shape {list(tensor.shape)})")
+    if not tensor.is_cuda:
+        raise InputError(f"{name}: {arg.name} must be on a CUDA device, got {tensor.device}")
+    if not tensor.is_contiguous():
+        raise InputError(f"{name}: {arg.name} must be contiguous ({arg.layout})")
+    if tensor.data_ptr() % arg.align_bytes:
+        raise InputError(
+            f"{name}: {arg.name} must be {arg.align_bytes}-byte aligned (its address is "
+            f"{tensor.data_ptr() % arg.align_bytes} bytes past a boundary)"
+        )
+
+
+_HIT_PATH = """
+def {name}({args}, out=None):
+    if is_dynamo_compiling():
+        # torch.compile sees the custom op (with its Meta kernel), not this Python.
+        result = torch_op({args})
+        return result if out is None else out.copy_(result)
     try:
-        function = REGISTRY.resolve(key, arch, {"m": m, "k": k, "n": n})
-    except JitUnavailableError as exc:
-        if current_mode() is not Mode.AUTO:
-            raise
-        warn_once(("torch-fallback", key.id, arch), f"{exc}; using torch.mm instead")
-        function = _torch_router_gemm
-    _router_functions[(m, k, n, device_index, device_index)] = function
+        function, out_shape = table[({shapes}, {devices})]
+        if out is None:
+            out = empty(out_shape, dtype=out_dtype, device={first}.device)
+        function({args}, out)
+        return out
+    except Exception as exc:  # the checked path explains it, or resolves a new shape
+        return checked(({args},), out, exc)
+"""
+
+
+def _hit_path(op: FamilyOp) -> Callable:
+    """The op's hit path, generated for the family's argument names (as dataclasses does): named
+    parameters and a literal lookup key cost less than *args and a loop, and the hit path is
+    what a server pays on every call."""
+    names = [arg.name for arg in op.inputs]
+    source = _HIT_PATH.format(
+        name=op.family.name,
+        args=", ".join(names),
+        shapes=", ".join(f"{n}.shape" for n in names),
+        devices=", ".join(f"{n}.get_device()" for n in names),
+        first=names[0],
+    )
+    scope = {
+        "is_dynamo_compiling": torch.compiler.is_dynamo_compiling,
+        "torch_op": lambda *inputs: getattr(torch.ops.cute_aot, op.family.name)(*inputs),
+        "table": op.table,
+        "empty": torch.empty,
+        "out_dtype": op.out_dtype,
+        "checked": op.checked,
+    }
+    exec(compile(source, f"<cute_aot op {op.family.name}>", "exec"), scope)
+    function = scope[op.family.name]
+    function.__doc__ = (
+        f"{op.family.name}({', '.join(names)}, out=None) on the current torch stream of the "
+        f"inputs' device.\n\n" + "\n".join(arg.describe() for arg in op.family.abi)
+    )
     return function
 
 
-def router_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """out[M, N] (fp32) = x[M, K] (bf16) @ w[N, K]^T (bf16), on the current torch stream.
-
-    The hit path is one dict lookup and one TVM-FFI call: the exported function itself checks
-    dtypes, shapes, strides, alignment and devices in C against what the kernel was built for.
-    Anything unusual (first call of a shape, a refused argument) takes the checked path below,
-    which names the problem precisely.
-    """
-    if torch.compiler.is_compiling():
-        # torch.compile sees the custom op (with its fake implementation), not this Python.
-        result = torch.ops.cute_aot.router_gemm(x, w)
-        return result if out is None else out.copy_(result)
-    try:
-        m, k = x.shape
-        n = w.shape[0]
-        function = _router_functions[(m, k, n, x.get_device(), w.get_device())]
-        if out is None:
-            out = torch.empty((m, n), dtype=torch.float32, device=x.device)
-        function(x, w, out)
-        return out
-    except Exception as exc:  # noqa: BLE001  (re-raised below unless the checked path explains it)
-        return _router_gemm_checked(x, w, out, exc)
-
-
-def _router_gemm_checked(x, w, out, failure: Exception) -> torch.Tensor:
-    _check_router_inputs(x, w)
-    m, k = x.shape
-    n = w.shape[0]
-    if out is not None:
-        _check_out(out, m, n, x.device)
-    if not isinstance(failure, KeyError):
-        raise failure  # inputs are fine: a real failure of the kernel call
-    function = resolve_router_gemm(m, k, n, x.get_device())
-    if out is None:
-        out = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    function(x, w, out)
-    return out
-
-
-# router_gemm as a torch op, so torch.compile does not trace into the Python above and CUDA graphs
-# capture it. Defined with an explicit schema and a Meta kernel (which fake tensors use): unlike
-# torch.library.custom_op this costs ~0.2 ms at import instead of pulling in torchgen (~50 ms).
+# Each op is also a torch op, cute_aot::<family>, so torch.compile does not trace into the Python
+# above and CUDA graphs capture it. Defined with an explicit schema and a Meta kernel (which fake
+# tensors use): unlike torch.library.custom_op this costs ~0.2 ms, not torchgen's ~50 ms.
 _library = torch.library.Library("cute_aot", "DEF")
-_library.define("router_gemm(Tensor x, Tensor w) -> Tensor")
-_library.impl("router_gemm", lambda x, w: router_gemm(x, w), "CUDA")
-_library.impl(
-    "router_gemm",
-    lambda x, w: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32),
-    "Meta",
-)
+
+
+def _define_torch_op(op: FamilyOp) -> None:
+    name = op.family.name
+    _library.define(f"{name}({', '.join(f'Tensor {a.name}' for a in op.inputs)}) -> Tensor")
+    _library.impl(name, lambda *inputs: op.call(*inputs), "CUDA")
+
+    def meta(*inputs):
+        shape = op.family.output_shape(op.family.problem(*inputs))
+        return inputs[0].new_empty(shape, dtype=op.out_dtype)
+
+    _library.impl(name, meta, "Meta")
+
+
+_ops_lock = threading.Lock()
+
+
+@functools.cache
+def _op(name: str) -> FamilyOp:
+    return FamilyOp(family(name))
+
+
+def op(name: str) -> Callable:
+    """The op of the installed family `name` (made once per process)."""
+    with _ops_lock:
+        return _op(name).call
+
+
+def family_op(name: str) -> FamilyOp:
+    with _ops_lock:
+        return _op(name)
 
 
 def forget_resolutions() -> None:
-    """Tests and mode changes: resolve every shape again on its next call."""
-    _router_functions.clear()
+    """Resolve every shape again on its next call (mode changes, tests)."""
+    REGISTRY.notify_change()
+
+
+def __getattr__(name: str):
+    if name in families():
+        return op(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,13 +14,13 @@ from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import (
     BundleError,
-    IncompatibleBundleError,
+    JitUnavailableError,
     KernelNotFoundError,
     KeyFileError,
+    StaleBundleError,
 )
 from cute_aot.artifacts.manifest import Manifest
-from cute_aot.kernels import family as family_module
-from cute_aot.kernels import source_hash
+from cute_aot.kernels import families, family_facts
 from cute_aot.runtime import jit, overlay, paths
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
@@ -28,24 +28,29 @@ from cute_aot.runtime.misses import record_miss
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
-
-class StaleBundleError(IncompatibleBundleError):
-    """A bundle built from other kernel sources or another compiler than the installed ones."""
+__all__ = ["REGISTRY", "Registry", "StaleBundleError", "load_bundles", "stale_reasons"]
 
 
 def stale_reasons(manifest: Manifest) -> dict[str, str]:
-    """family -> why this bundle's kernels of that family differ from the installed package."""
+    """family -> why this bundle's kernels of that family must not serve with the installed
+    package: family unknown, not built for this architecture, other version, ABI or sources, or
+    another cutlass-dsl compiler."""
     reasons = {}
     installed_dsl = toolchain.cutlass_dsl_versions()
+    installed = families()
     for name, facts in manifest.families.items():
-        try:
-            module = family_module(name)
-        except Exception:
-            reasons[name] = "family unknown to the installed cute-aot"
+        kernel_family = installed.get(name)
+        if kernel_family is None:
+            reasons[name] = "family not installed here"
             continue
-        if facts.get("version") != module.FAMILY_VERSION:
-            reasons[name] = f"family version {facts.get('version')} != {module.FAMILY_VERSION}"
-        elif facts.get("source_hash") != source_hash(name):
+        expected = family_facts(name)
+        if not kernel_family.supports(manifest.arch):
+            reasons[name] = f"{name} is built for {', '.join(kernel_family.archs)} only"
+        elif facts.get("version") != expected["version"]:
+            reasons[name] = f"family version {facts.get('version')} != {expected['version']}"
+        elif facts.get("abi") != expected["abi"]:
+            reasons[name] = "exported function ABI differs from the installed family's"
+        elif facts.get("source_hash") != expected["source_hash"]:
             reasons[name] = "kernel source hash differs from the installed package"
         elif installed_dsl and not toolchain.same_cutlass_dsl(
             manifest.toolchain.get("cutlass_dsl") or {}, installed_dsl
@@ -64,6 +69,15 @@ class Registry:
         self._index: dict[tuple[str, str, str], LoadedBundle] = {}
         self._lock = threading.RLock()
         self._env_loaded = False
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever the set of bundles changes (ops forget their resolutions)."""
+        self._listeners.append(listener)
+
+    def notify_change(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     # -- loading ---------------------------------------------------------------------------------
     def add(self, bundle: LoadedBundle) -> None:
@@ -83,6 +97,8 @@ class Registry:
                 if entry.family not in reasons:
                     # first loaded wins: explicit paths are loaded before CUTE_AOT_BUNDLES
                     self._index.setdefault((bundle.arch, entry.family, entry.key_id), bundle)
+            # A shape resolved before (to the overlay, JIT or torch) may now have a prebuilt kernel.
+            self.notify_change()
 
     def load(self, *sources: str | os.PathLike, gpu_arch: str | None = None) -> list[LoadedBundle]:
         """Load bundle files, and the bundles of `gpu_arch` found in folders.
@@ -126,13 +142,16 @@ class Registry:
             return None
 
     def load_from_env(self) -> None:
-        """Load CUTE_AOT_BUNDLES once per process."""
+        """Load CUTE_AOT_BUNDLES once per process. Other threads wait until it is done: none may
+        see an empty registry while the first one loads."""
         with self._lock:
             if self._env_loaded:
                 return
-            self._env_loaded = True
-        # A server must not fail on a bad file someone dropped into its bundle path.
-        self._load(paths.bundle_search_paths(), None, skip_bad_files=True)
+            try:
+                # A server must not fail on a bad file someone dropped into its bundle path.
+                self._load(paths.bundle_search_paths(), None, skip_bad_files=True)
+            finally:
+                self._env_loaded = True
 
     # -- resolution ------------------------------------------------------------------------------
     def bundle_function(self, family: str, key_id: str, arch: str) -> Callable | None:
@@ -184,7 +203,16 @@ class Registry:
                 f"(key {key.id}); compiling it now (JIT) and recording the miss",
             )
             record_miss(key, arch, problem or {})
-        return jit.compiled_function(key, arch, publish=mode is Mode.AUTO)
+            try:
+                return jit.compiled_function(key, arch, publish=True)
+            except JitUnavailableError:
+                raise
+            except Exception as exc:  # a broken cutlass-dsl, a compile or export error
+                raise JitUnavailableError(
+                    f"JIT of {key.FAMILY} key {key.id} for {arch} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        return jit.compiled_function(key, arch, publish=False)
 
     def clear(self) -> None:
         with self._lock:
@@ -193,6 +221,7 @@ class Registry:
             self.stale.clear()
             self._index.clear()
             self._env_loaded = False
+        self.notify_change()
 
 
 REGISTRY = Registry()

@@ -2,47 +2,55 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
-from cute_aot.kernels.router_gemm import MAX_TOKENS
-from cute_aot.runtime.ops import resolve_router_gemm
-
-# MoE router weights: DeepSeek/Qwen/Mixtral `...mlp.gate.weight`, gpt-oss `...router.weight`,
-# DeepSeek-V3 `gate.weight`; never the dense MLP's `gate_proj` / `gate_up_proj`.
-_GATE_NAME = re.compile(r"(^|\.)(gate|router)\.weight$")
+from cute_aot.kernels import families
+from cute_aot.runtime.ops import family_op
 
 
-def preload(problems: Iterable[tuple[int, int, int]], device: int | None = None) -> int:
-    """Resolve router_gemm for each (M, K, N) on `device` (default: current); returns the count."""
+def _legacy_family() -> str:
+    """The family that family-less calls (`preload([(M, K, N), ...])`) have always meant."""
+    return next(name for name, found in families().items() if found.unprefixed_shapes)
+
+
+def preload(
+    problems: Mapping[str, Iterable[tuple]] | Iterable[tuple],
+    device: int | None = None,
+    family: str | None = None,
+) -> int:
+    """Resolve every problem on `device` (default: current); returns how many.
+
+    `problems`: {family: problems}, or problems of `family` (default: the family that
+    `aot-build --shape` without a prefix means, for callers that predate families).
+    """
     device = torch.cuda.current_device() if device is None else device
+    if not isinstance(problems, Mapping):
+        problems = {family or _legacy_family(): problems}
     count = 0
-    for m, k, n in problems:
-        resolve_router_gemm(m, k, n, device)
-        count += 1
+    for name, family_problems in problems.items():
+        op = family_op(name)
+        for problem in family_problems:
+            op.preload(tuple(problem), device)
+            count += 1
     return count
 
 
-def router_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
-    """(K, N) of every MoE gate in `model`: 2-D bf16 weights named like a router."""
-    shapes = []
-    for name, parameter in model.named_parameters():
-        if (
-            _GATE_NAME.search(name)
-            and parameter.dim() == 2
-            and parameter.dtype == torch.bfloat16
-            and parameter.shape[1] % 8 == 0
-        ):
-            shape = (int(parameter.shape[1]), int(parameter.shape[0]))
-            if shape not in shapes:
-                shapes.append(shape)
-    return shapes
+def model_shapes(model: torch.nn.Module) -> dict[str, list[tuple]]:
+    """{family: shapes} that `model`'s weights ask of each installed family (empty ones left out)."""
+    found = {name: f.shapes_from_torch_model(model) for name, f in families().items()}
+    return {name: shapes for name, shapes in found.items() if shapes}
 
 
-def preload_model(model: torch.nn.Module, max_tokens: int = MAX_TOKENS, device=None) -> list:
-    """Preload every router shape of `model` for 1..max_tokens tokens; [] when it has no gates."""
-    shapes = router_shapes(model)
-    preload(((m, k, n) for k, n in shapes for m in range(1, max_tokens + 1)), device)
+def preload_model(model: torch.nn.Module, device: int | None = None) -> dict[str, list[tuple]]:
+    """Preload every problem of every family `model` needs; returns {family: shapes}."""
+    shapes = model_shapes(model)
+    preload(
+        {
+            name: [p for shape in family_shapes for p in families()[name].problems(shape)]
+            for name, family_shapes in shapes.items()
+        },
+        device,
+    )
     return shapes

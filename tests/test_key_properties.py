@@ -27,7 +27,7 @@ from cute_aot.artifacts.bundle import SYMBOL_RE
 from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_entries
-from cute_aot.kernels import FAMILIES, family
+from cute_aot.kernels import families
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.kernels.router_gemm import (
     ALIGN_BYTES,
@@ -60,7 +60,8 @@ def keys_of(key_class):
     return st.builds(key_class, **fields)
 
 
-FAMILY_KEYS = [family(name).Key for name in FAMILIES]
+FAMILIES = list(families())
+FAMILY_KEYS = [found.Key for found in families().values()]
 
 
 @pytest.mark.parametrize("key_class", FAMILY_KEYS, ids=FAMILIES)
@@ -115,7 +116,7 @@ def test_a_bundle_entry_of_any_key_re_derives(key_class, tmp_path):
             Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1) for key in keys
         )
         manifest = Manifest("p", "sm_90a", "1", "t", {}, {key_class.FAMILY: {}}, {}, {}, entries)
-        check_entries(tmp_path, manifest)
+        check_entries(tmp_path, manifest, lambda name: key_class)
 
     check()
 
@@ -441,7 +442,9 @@ def test_the_hot_path_hands_a_mismatch_to_the_checked_path(kernels, monkeypatch)
 
     key, function = next((k, f) for k, f in kernels.items() if k.backend == "dot")
     m, k, n = key.m, key.k, 64
-    monkeypatch.setitem(ops._router_functions, (m, k, n, -1, -1), function)  # CPU device index -1
+    table = ops.family_op("router_gemm").table
+    # shapes, then device indices (-1: CPU); the table entry is (function, output shape)
+    monkeypatch.setitem(table, (torch.Size((m, k)), torch.Size((n, k)), -1, -1), (function, (m, n)))
     cases = {
         "x must be bfloat16": (
             torch.zeros(m, k, dtype=torch.float16),

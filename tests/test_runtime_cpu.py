@@ -75,7 +75,10 @@ def test_shape_errors(x, w, message):
 
 
 def test_router_shapes_come_from_moe_gate_weights():
-    from cute_aot.runtime import router_shapes
+    from cute_aot.runtime import model_shapes
+
+    def router_shapes(model):
+        return model_shapes(model).get("router_gemm", [])
 
     class Block(torch.nn.Module):
         def __init__(self, k, n):
@@ -91,8 +94,8 @@ def test_router_shapes_come_from_moe_gate_weights():
     model = torch.nn.ModuleDict(
         {"a": Block(64, 8), "b": Block(64, 8), "c": Block(128, 16), "d": Router()}
     )
-    assert router_shapes(model) == [(64, 8), (128, 16), (2880, 128)]
-    assert router_shapes(torch.nn.Linear(64, 8, dtype=torch.bfloat16)) == []
+    assert model_shapes(model) == {"router_gemm": [(64, 8), (128, 16), (2880, 128)]}
+    assert model_shapes(torch.nn.Linear(64, 8, dtype=torch.bfloat16)) == {}
     fp32 = torch.nn.ModuleDict({"a": torch.nn.ModuleDict({"gate": torch.nn.Linear(64, 8)})})
     assert router_shapes(fp32) == []
 

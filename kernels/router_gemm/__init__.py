@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
-
 from typing import NamedTuple
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
@@ -192,6 +192,8 @@ class RouterGemmFamily(KernelFamily):
         (m, k), (n, k_w) = x.shape, w.shape
         if k != k_w:
             raise InputError(f"{FAMILY}: x is [M, K={k}] but w is [N, K={k_w}]")
+        if 0 in (m, n, k):
+            raise InputError(f"{FAMILY}: empty problem x {tuple(x.shape)}, w {tuple(w.shape)}")
         if k % K_DIVISOR:
             raise InputError(f"{FAMILY}: K={k} must be a multiple of {K_DIVISOR}")
         return RouterProblem(m, k, n, str(x.dtype).removeprefix("torch."),
@@ -231,6 +233,27 @@ class RouterGemmFamily(KernelFamily):
         check_problem(1, hidden, experts)
         return [(hidden, experts)]
 
+    def shapes_from_torch_model(self, model) -> list[tuple[int, int]]:
+        """(K, N) of every MoE gate: 2-D bf16 weights named like a router."""
+        import torch
+
+        shapes = []
+        for name, parameter in model.named_parameters():
+            if (
+                _GATE_NAME.search(name)
+                and parameter.dim() == 2
+                and parameter.dtype == torch.bfloat16
+                and parameter.shape[1] % K_DIVISOR == 0
+            ):
+                shape = (int(parameter.shape[1]), int(parameter.shape[0]))
+                if shape not in shapes:
+                    shapes.append(shape)
+        return shapes
+
+    def input_shapes(self, problem) -> tuple[tuple[int, int], tuple[int, int]]:
+        m, k, n = problem[:3]
+        return (m, k), (n, k)
+
     def output_shape(self, problem) -> tuple[int, int]:
         return problem[0], problem[2]
 
@@ -239,6 +262,10 @@ class RouterGemmFamily(KernelFamily):
 
         return torch.mm(x.float(), w.float().t())
 
+
+# MoE router weights: DeepSeek/Qwen/Mixtral `...mlp.gate.weight`, gpt-oss `...router.weight`,
+# DeepSeek-V3 `gate.weight`; never the dense MLP's `gate_proj` / `gate_up_proj`.
+_GATE_NAME = re.compile(r"(^|\.)(gate|router)\.weight$")
 
 # Where Hugging Face configs keep the routed expert count (DeepSeek/Kimi/GLM; Qwen-MoE;
 # Mixtral/gpt-oss; ERNIE).

@@ -1,0 +1,154 @@
+"""The generic family op on the CPU: regression tests for the runtime bugs found around it.
+
+No GPU: the device's architecture and JIT availability are monkeypatched, CPU tensors stand in
+for CUDA ones (device index -1), and bundles are LoadedBundle values whose "library" is a dict
+of Python functions, so nothing is compiled or dlopened.
+"""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cute_aot.artifacts import toolchain
+from cute_aot.artifacts.errors import InputError, JitUnavailableError
+from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.kernels import family, family_facts
+from cute_aot.runtime import REGISTRY, jit, ops, set_mode
+from cute_aot.runtime.loader import LoadedBundle
+from cute_aot.runtime.misses import miss_log_path, read_misses
+
+ARCH = "sm_90a"
+CPU = -1  # torch's device index of a CPU tensor
+ROUTER = family("router_gemm")
+PROBLEM = ROUTER.parse_problem("2,64,8")
+
+
+def _fake_bundle(key, function) -> LoadedBundle:
+    entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
+    manifest = Manifest(
+        "fake", ARCH, "1", "test", toolchain.fingerprint(),
+        {key.FAMILY: family_facts(key.FAMILY)}, {}, {}, (entry,),
+    )  # fmt: skip
+    return LoadedBundle(Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function},
+                        {key.id: entry})  # fmt: skip
+
+
+@pytest.fixture
+def router_op(fresh_runtime, monkeypatch):
+    """The router op on a pretend sm_90a device, with CPU tensors passing as device tensors."""
+    monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
+    monkeypatch.setattr(ops, "_check_placement", lambda name, arg, tensor: None)
+    op = ops.family_op("router_gemm")
+    op.table.clear()
+    yield op
+    op.table.clear()
+
+
+def _inputs(dtype=torch.bfloat16):
+    m, k, n = PROBLEM[:3]
+    return torch.ones(m, k, dtype=dtype), torch.ones(n, k, dtype=torch.bfloat16)
+
+
+def _no_jit(monkeypatch):
+    monkeypatch.setattr(jit, "jit_available", lambda: False)
+
+
+def test_a_torch_fallback_is_replaced_once_a_bundle_brings_the_kernel(router_op, monkeypatch):
+    """Bug 1: resolutions are forgotten when bundles are loaded (and when they are cleared)."""
+    _no_jit(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="torch reference"):
+        fallback, _ = router_op.resolve(PROBLEM, CPU)
+    router_op.preload(PROBLEM, CPU)
+    assert len(router_op.table) == 1
+    assert router_op.table[next(iter(router_op.table))][0].__name__ == "reference"
+
+    calls = []
+    key = ROUTER.dispatch(PROBLEM, ARCH).key
+    REGISTRY.add(_fake_bundle(key, lambda x, w, out: calls.append((x.shape, w.shape))))
+    assert router_op.table == {}  # forgotten: the next call resolves again
+    x, w = _inputs()
+    out = torch.empty(2, 8)
+    assert ops.op("router_gemm")(x, w, out=out) is out
+    assert calls == [(x.shape, w.shape)]  # served by the bundle, not by torch
+
+    REGISTRY.clear()
+    assert router_op.table == {}
+
+
+def test_the_cached_torch_fallback_checks_its_inputs(router_op, monkeypatch):
+    """Bug 2: an fp16 or strided x reaching the cached fallback is refused, not computed."""
+    _no_jit(monkeypatch)
+    router_gemm = ops.op("router_gemm")
+    x, w = _inputs()
+    with pytest.warns(RuntimeWarning, match="torch reference"):
+        expected = router_gemm(x, w)  # resolves to the fallback and caches it
+    assert torch.equal(expected, torch.full((2, 8), 64.0))
+    x16, _ = _inputs(torch.float16)
+    with pytest.raises(InputError, match="x must be bfloat16, got float16"):
+        router_gemm(x16, w)  # same shapes and device: the cached fallback is what runs
+    monkeypatch.undo()  # placement checks back on: a strided x must be refused too
+    monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
+    strided = torch.ones(64, 2, dtype=torch.bfloat16).t()
+    (function, _), = router_op.table.values()
+    with pytest.raises(InputError, match="must be"):
+        function(strided, w, torch.empty(2, 8))
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [ImportError("libcute_dsl.so: cannot open shared object file"),
+     RuntimeError("MLIR pass failed"),
+     OSError("export_to_c: No space left on device")],  # fmt: skip
+    ids=["cutlass-import", "compile", "export"],
+)
+def test_auto_falls_back_to_torch_when_jit_fails_in_any_way(router_op, monkeypatch, failure):
+    """Bug 3: a broken cutlass-dsl, a compile error or an export error falls back in auto
+    (one warning, one miss record), and raises in jit mode."""
+    monkeypatch.setattr(jit, "jit_available", lambda: True)
+
+    def broken(self, key, arch):
+        raise failure
+
+    monkeypatch.setattr(type(ROUTER), "compile", broken)
+    with pytest.warns(RuntimeWarning) as caught:
+        function, _ = router_op.resolve(PROBLEM, CPU)
+    assert function.__name__ == "reference"
+    messages = [str(w.message) for w in caught]
+    assert any("runs its torch reference" in m and type(failure).__name__ in m for m in messages)
+    (record,) = read_misses(miss_log_path())
+    assert record["family"] == "router_gemm" and record["arch"] == ARCH
+
+    set_mode("jit")
+    with pytest.raises(type(failure)):
+        router_op.resolve(PROBLEM, CPU)
+
+
+def test_jit_unavailable_is_a_typed_error_in_aot_free_modes(router_op, monkeypatch):
+    _no_jit(monkeypatch)
+    set_mode("jit")
+    with pytest.raises(JitUnavailableError, match="nvidia-cutlass-dsl is not installed"):
+        router_op.resolve(PROBLEM, CPU)
+
+
+def test_a_second_thread_waits_for_the_bundles_of_the_environment(fresh_runtime, monkeypatch):
+    """Bug 4: while one thread loads CUTE_AOT_BUNDLES, another must not find an empty registry."""
+    key = ROUTER.dispatch(PROBLEM, ARCH).key
+    kernel = object()
+    started = threading.Event()
+
+    def slow_load(sources, gpu_arch, skip_bad_files):
+        started.set()
+        time.sleep(0.3)
+        REGISTRY.add(_fake_bundle(key, kernel))
+        return []
+
+    monkeypatch.setattr(REGISTRY, "_load", slow_load)
+    loader = threading.Thread(target=REGISTRY.load_from_env)
+    loader.start()
+    assert started.wait(5)
+    found = REGISTRY.bundle_function(key.FAMILY, key.id, ARCH)  # meanwhile, from this thread
+    loader.join()
+    assert found is kernel
