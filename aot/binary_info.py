@@ -1,10 +1,9 @@
-"""What a kernel's GPU binary is: its fatbin, resources and SASS instruction mix.
+"""What a kernel's GPU binary is: its resources and SASS instruction mix, via NVIDIA's tools.
 
-Each exported object holds its GPU code as one fatbin (the local symbol `kernels_binary`). The
-linker copies that fatbin byte for byte into the bundle's library, so its sha256, recorded at build
-time, finds the kernel's code again later without any symbol names (local symbols are renamed or
-merged when linking). Resources and instruction counts come from NVIDIA's cuobjdump and nvdisasm
-(PyPI `nvidia-cuda-cuobjdump`, `nvidia-cuda-nvdisasm`); without them only the hash is recorded.
+The fatbin itself is found by artifacts/fatbin.py (the one fatbin reader, with artifacts/elf.py
+the one ELF reader); this module runs cuobjdump and nvdisasm (PyPI `nvidia-cuda-cuobjdump`,
+`nvidia-cuda-nvdisasm`) on it and turns their output into the records a manifest keeps. Without
+the tools only the fatbin's hash, size and SM numbers are recorded.
 
 Pure Python plus those two tools: never imports cutlass or loads a library.
 """
@@ -15,167 +14,17 @@ import hashlib
 import os
 import re
 import shutil
-import struct
 import subprocess
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.errors import BinaryInspectionError, ToolNotFoundError
+from cute_aot.artifacts.fatbin import fatbin_sm_numbers, object_fatbin
 
-FATBIN_MAGIC = 0xBA55ED50
-KERNELS_BINARY_SYMBOL = "kernels_binary"  # where CuTe DSL exports put the fatbin
-FATBIN_ELF_KIND = 2  # fatbin entry kinds: 1 PTX, 2 ELF (cubin)
 TOOL_TIMEOUT_S = 120
 TOOL_DISTRIBUTIONS = {"cuobjdump": "nvidia-cuda-cuobjdump", "nvdisasm": "nvidia-cuda-nvdisasm"}
-
-
-class BinaryInspectionError(CuteAotError):
-    """A GPU binary cannot be found or read; names the file involved."""
-
-
-class ToolNotFoundError(BinaryInspectionError):
-    """cuobjdump or nvdisasm is not installed."""
-
-    def __init__(self, tool: str):
-        self.tool = tool
-        super().__init__(
-            f"{tool} not found: pip install {TOOL_DISTRIBUTIONS[tool]} (or put the CUDA "
-            "toolkit's bin folder on PATH)"
-        )
-
-
-# -- ELF64 (little-endian), just enough to find sections and symbols ----------------------------
-_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
-_SECTION = struct.Struct("<IIQQQQIIQQ")
-_SYMBOL = struct.Struct("<IBBHQQ")
-SHT_SYMTAB, SHT_NOBITS = 2, 8
-
-
-@dataclass(frozen=True)
-class Section:
-    name: str
-    kind: int
-    offset: int
-    size: int
-    link: int
-
-
-@dataclass(frozen=True)
-class Symbol:
-    name: str
-    value: int
-    size: int
-    section_index: int
-    binding: int  # 0 local, 1 global, 2 weak
-
-
-class ElfFile:
-    """Sections and symbols of an ELF64 little-endian file held in memory."""
-
-    def __init__(self, data: bytes, path: str = "<bytes>"):
-        self.data, self.path = data, path
-        if len(data) < _ELF_HEADER.size or data[:4] != b"\x7fELF":
-            raise BinaryInspectionError(f"{path}: not an ELF file")
-        if data[4] != 2 or data[5] != 1:
-            raise BinaryInspectionError(f"{path}: not a 64-bit little-endian ELF file")
-        header = _ELF_HEADER.unpack_from(data)
-        shoff, shentsize, shnum, shstrndx = header[6], header[11], header[12], header[13]
-        if shentsize != _SECTION.size or shoff + shnum * shentsize > len(data):
-            raise BinaryInspectionError(f"{path}: section header table out of bounds")
-        raw = [_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
-        names = raw[shstrndx] if shstrndx < shnum else None
-        self.sections = [
-            Section(
-                self._string(names[4], name_off) if names else "",
-                kind,
-                offset,
-                size,
-                link,
-            )
-            for name_off, kind, _flags, _addr, offset, size, link, *_ in raw
-        ]
-
-    def _string(self, table_offset: int, offset: int) -> str:
-        start = table_offset + offset
-        end = self.data.find(b"\0", start)
-        return self.data[start : end if end >= 0 else len(self.data)].decode(errors="replace")
-
-    def section(self, name: str) -> Section | None:
-        return next((s for s in self.sections if s.name == name), None)
-
-    def symbols(self, kind: int = SHT_SYMTAB) -> Iterator[Symbol]:
-        for table in (s for s in self.sections if s.kind == kind):
-            strings = self.sections[table.link].offset
-            end = min(table.offset + table.size, len(self.data))
-            for offset in range(table.offset, end - _SYMBOL.size + 1, _SYMBOL.size):
-                name_off, info, _other, shndx, value, size = _SYMBOL.unpack_from(self.data, offset)
-                yield Symbol(self._string(strings, name_off), value, size, shndx, info >> 4)
-
-
-# -- fatbins -------------------------------------------------------------------------------------
-_FATBIN_HEADER = struct.Struct("<IHHQ")  # magic, version, header size, size of what follows
-_FATBIN_ENTRY = struct.Struct("<HHIQ")  # kind, version, entry header size, payload size
-_ENTRY_ARCH_OFFSET = 28  # u32 SM number (90, 100, ...) inside an entry header
-
-
-def fatbin_length(data: bytes, offset: int = 0) -> int | None:
-    """Total length of a well-formed fatbin header at `offset`, or None."""
-    if offset + _FATBIN_HEADER.size > len(data):
-        return None
-    magic, version, header_size, body_size = _FATBIN_HEADER.unpack_from(data, offset)
-    if magic != FATBIN_MAGIC or version != 1 or header_size != _FATBIN_HEADER.size:
-        return None
-    total = header_size + body_size
-    return total if offset + total <= len(data) else None
-
-
-def iter_fatbins(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """Every well-formed fatbin in `data` (a linked library): (offset, bytes)."""
-    magic = struct.pack("<I", FATBIN_MAGIC)
-    offset = data.find(magic)
-    while offset >= 0:
-        length = fatbin_length(data, offset)
-        if length:
-            yield offset, data[offset : offset + length]
-        offset = data.find(magic, offset + (length or 1))
-
-
-def fatbin_sm_numbers(fatbin: bytes) -> list[int]:
-    """SM numbers (90, 100, ...) of the cubins a fatbin holds (PTX entries are skipped)."""
-    numbers = []
-    offset, end = _FATBIN_HEADER.size, len(fatbin)
-    while offset + _FATBIN_ENTRY.size <= end:
-        kind, _version, header_size, payload_size = _FATBIN_ENTRY.unpack_from(fatbin, offset)
-        if header_size < _ENTRY_ARCH_OFFSET + 4:
-            break
-        if kind == FATBIN_ELF_KIND:
-            numbers.append(struct.unpack_from("<I", fatbin, offset + _ENTRY_ARCH_OFFSET)[0])
-        offset += header_size + payload_size
-    return numbers
-
-
-def object_fatbin(data: bytes, path: str = "<object>") -> bytes:
-    """The fatbin of one exported object file (the `kernels_binary` symbol's bytes)."""
-    elf = ElfFile(data, path)
-    for sym in elf.symbols():
-        if sym.name == KERNELS_BINARY_SYMBOL and 0 < sym.section_index < len(elf.sections):
-            section = elf.sections[sym.section_index]
-            start = section.offset + sym.value
-            if section.kind != SHT_NOBITS and fatbin_length(data, start) == sym.size:
-                return data[start : start + sym.size]
-    raise BinaryInspectionError(f"{path}: no fatbin symbol {KERNELS_BINARY_SYMBOL!r} found")
-
-
-def sm_number(arch: str) -> int:
-    """'sm_90a' -> 90, 'sm_100a' -> 100."""
-    match = re.match(r"^sm_(\d+)", arch)
-    if not match:
-        raise BinaryInspectionError(f"not an SM architecture name: {arch!r}")
-    return int(match.group(1))
 
 
 # -- NVIDIA tools --------------------------------------------------------------------------------
@@ -201,7 +50,7 @@ def find_tool(name: str) -> str | None:
 def require_tool(name: str) -> str:
     tool = find_tool(name)
     if tool is None:
-        raise ToolNotFoundError(name)
+        raise ToolNotFoundError(name, TOOL_DISTRIBUTIONS[name])
     return tool
 
 
@@ -356,14 +205,6 @@ def inspect_object(path: str | os.PathLike) -> dict | None:
         return inspect_fatbin(object_fatbin(data, str(path)))
     except (OSError, BinaryInspectionError):
         return None
-
-
-def find_fatbin(library: bytes, fatbin_sha256: str) -> bytes | None:
-    """The fatbin with this sha256 inside a linked library, if any."""
-    for _offset, fatbin in iter_fatbins(library):
-        if hashlib.sha256(fatbin).hexdigest() == fatbin_sha256:
-            return fatbin
-    return None
 
 
 # -- instruction classes -------------------------------------------------------------------------

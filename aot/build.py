@@ -34,33 +34,60 @@ from cute_aot.artifacts import PACKAGE_VERSION
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import bundle_filename
 from cute_aot.artifacts.errors import BuildError
-from cute_aot.kernels import family
+from cute_aot.kernels import families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
+from cute_aot.kernels.contract import Shape
 
 __all__ = ["BuildOutcome", "BuildPlan", "build", "default_jobs", "merge", "run_build"]
 
 
 @dataclass
 class BuildPlan:
-    """Which keys of which families to build for which architectures."""
+    """Which keys of which families to build for which architectures.
+
+    Each family is built only for the requested architectures it supports (its `archs`); the
+    others are skipped for it (`skipped_archs` says which, for the caller to report).
+    """
 
     archs: list[str]
-    families: list[str] = field(default_factory=lambda: ["router_gemm"])
-    extra_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # family -> shapes
+    families: list[str] = field(default_factory=lambda: list(families()))  # default: all installed
+    extra_shapes: dict[str, list[Shape]] = field(default_factory=dict)  # family -> shapes
     default_shapes: bool = True
 
+    def shapes(self, name: str) -> list[Shape]:
+        """The family's shapes: its defaults (unless left out), then the extra ones, each once."""
+        shapes = list(family(name).default_shapes) if self.default_shapes else []
+        for shape in self.extra_shapes.get(name, ()):
+            if shape not in shapes:
+                shapes.append(shape)
+        return shapes
+
+    def families_for(self, arch: str) -> list[str]:
+        return [name for name in self.families if family(name).supports(normalize_arch(arch))]
+
+    def skipped_archs(self) -> dict[str, list[str]]:
+        """{family: requested architectures it does not support}, for families that skip any."""
+        requested = list(dict.fromkeys(normalize_arch(arch) for arch in self.archs))
+        skipped = {
+            name: [arch for arch in requested if not family(name).supports(arch)]
+            for name in self.families
+        }
+        return {name: archs for name, archs in skipped.items() if archs}
+
     def keys(self, arch: str) -> list:
-        keys = []
-        for name in self.families:
-            module = family(name)
-            shapes = list(module.DEFAULT_SHAPES) if self.default_shapes else []
-            shapes += [s for s in self.extra_shapes.get(name, []) if s not in shapes]
-            keys += module.enumerate_keys(arch, shapes)
-        return keys
+        arch = normalize_arch(arch)
+        return [
+            key
+            for name in self.families_for(arch)
+            for key in family(name).enumerate_keys(arch, self.shapes(name))
+        ]
 
 
 def keys_by_arch(plan: BuildPlan | dict[str, list]) -> dict[str, list]:
-    """{arch: keys} in canonical order: archs by SUPPORTED_ARCHS, keys by symbol, each once."""
+    """{arch: keys} in canonical order: archs by SUPPORTED_ARCHS, keys by symbol, each once.
+
+    An architecture with no keys is left out: there is nothing to link into its bundle.
+    """
     if isinstance(plan, BuildPlan):
         plan = {normalize_arch(arch): plan.keys(normalize_arch(arch)) for arch in plan.archs}
     resolved: dict[str, dict] = {}
@@ -70,6 +97,7 @@ def keys_by_arch(plan: BuildPlan | dict[str, list]) -> dict[str, list]:
     return {
         arch: [by_symbol[symbol] for symbol in sorted(by_symbol)]
         for arch, by_symbol in sorted(resolved.items(), key=lambda item: order.index(item[0]))
+        if by_symbol
     }
 
 

@@ -3,6 +3,9 @@
 aot-build [OPTIONS]                  build (all of it, or one --shard i/n of it)
 aot-build merge SHARD_DIR... --out   link the shards' objects into the bundles
 aot-build models [CONFIG...]         list model presets (and what local configs map to)
+
+Generic over kernel families (the `cute_aot.families` entry points): every family, shape syntax
+and model mapping comes from the installed families' contracts, never from a list kept here.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,20 +39,78 @@ from cute_aot.aot.report import print_summary, report_path, write_report
 from cute_aot.aot.shard import Shard
 from cute_aot.artifacts import signing
 from cute_aot.artifacts.errors import CuteAotError
-from cute_aot.kernels import FAMILIES, family
-from cute_aot.kernels.arch import normalize_arch
+from cute_aot.kernels import KernelFamily, families, family
+from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
+from cute_aot.kernels.contract import Shape
 
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
 
 
-def _parse_shape(ctx, param, values):
-    shapes = []
+# -- kernel families on the command line --------------------------------------------------------
+
+
+class FamiliesHelpOption(click.Option):
+    """An option whose help names the installed families. Computed when help is shown: the CLI
+    module imports without discovering plug-ins, and a family installed later shows up."""
+
+    def __init__(self, *args, help_text: Callable[[], str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help_text = help_text
+
+    def get_help_record(self, ctx):
+        self.help = self.help_text()
+        return super().get_help_record(ctx)
+
+
+def shape_syntaxes() -> str:
+    """How each installed family's shapes are written, e.g. `fam:K,N (or plain K,N)`."""
+    parts = []
+    for name, found in families().items():
+        text = f"{name}:{found.shape_syntax}"
+        if found.unprefixed_shapes:
+            text += f" (or plain {found.shape_syntax})"
+        parts.append(text)
+    return ", ".join(parts) or "none (no kernel family is installed)"
+
+
+def _unprefixed_family() -> KernelFamily | None:
+    return next((found for found in families().values() if found.unprefixed_shapes), None)
+
+
+def parse_shape_option(text: str) -> tuple[str, Shape]:
+    """`FAMILY:DIMS`, or plain `DIMS` for the family whose `unprefixed_shapes` is set (the
+    command lines written before families were plug-ins) -> (family name, shape)."""
+    prefix, colon, dims = text.partition(":")
+    if colon:
+        found = families().get(prefix.strip())
+        if found is None:
+            raise click.BadParameter(
+                f"{text!r}: unknown kernel family {prefix.strip()!r}; "
+                f"installed families and their shapes: {shape_syntaxes()}"
+            )
+    else:
+        found, dims = _unprefixed_family(), text
+        if found is None:
+            raise click.BadParameter(
+                f"{text!r} names no family: write FAMILY:DIMS, one of {shape_syntaxes()}"
+            )
+    try:
+        return found.name, tuple(found.parse_shape(dims.strip()))
+    except ValueError as exc:  # UnsupportedProblemError, or a plug-in's own ValueError
+        raise click.BadParameter(
+            f"{text!r} is not a {found.name} shape, expected "
+            f"{found.name}:{found.shape_syntax} ({exc})"
+        ) from None
+
+
+def _parse_shapes(ctx, param, values) -> dict[str, list[Shape]]:
+    """{family: shapes} of every --shape, each shape once, in command-line order."""
+    shapes: dict[str, list[Shape]] = {}
     for value in values:
-        try:
-            k, n = (int(part) for part in value.split(","))
-        except ValueError:
-            raise click.BadParameter(f"{value!r} is not K,N (two integers)") from None
-        shapes.append((k, n))
+        name, shape = parse_shape_option(value)
+        found = shapes.setdefault(name, [])
+        if shape not in found:
+            found.append(shape)
     return shapes
 
 
@@ -58,9 +121,11 @@ def _split_commas(ctx, param, values) -> list[str]:
 
 def _parse_families(ctx, param, values) -> list[str]:
     names = _split_commas(ctx, param, values)
-    unknown = [name for name in names if name not in FAMILIES]
+    unknown = [name for name in names if name not in families()]
     if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+        raise click.BadParameter(
+            f"unknown {', '.join(unknown)}; installed: {', '.join(families()) or 'none'}"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -83,19 +148,42 @@ def _parse_shard(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
-def plan_from_misses(path, archs, families) -> dict[str, list]:
-    """{arch: keys} of a miss log, optionally narrowed to some architectures and families."""
+def plan_from_misses(
+    path, archs, named_families, console: Console | None = None
+) -> dict[str, list]:
+    """{arch: keys} of a miss log, optionally narrowed to some architectures and families.
+
+    Misses this machine cannot build (a family not installed here, an architecture the family
+    is not built for, a key of another family version) are skipped, and said so per family.
+    """
     from cute_aot.runtime.misses import read_misses  # imports torch: only when asked for
 
     wanted_archs = {normalize_arch(arch) for arch in archs}
+    installed = families()
     plan: dict[str, set] = {}
+    skipped: Counter[tuple[str, str]] = Counter()  # (family, why) -> misses
     for record in read_misses(path):
-        if families and record["family"] not in families:
+        name = record["family"]
+        if named_families and name not in named_families:
             continue
         arch = normalize_arch(record["arch"])
         if wanted_archs and arch not in wanted_archs:
             continue
-        plan.setdefault(arch, set()).add(family(record["family"]).Key.from_fields(record["key"]))
+        if name not in installed:
+            skipped[(name, "not installed here")] += 1
+            continue
+        if not installed[name].supports(arch):
+            skipped[(name, f"not built for {arch}")] += 1
+            continue
+        try:
+            key = installed[name].Key.from_fields(record["key"])
+        except (TypeError, ValueError):
+            skipped[(name, f"keys of another version than v{installed[name].version}")] += 1
+            continue
+        plan.setdefault(arch, set()).add(key)
+    console = console or _console()
+    for (name, why), count in sorted(skipped.items()):
+        console.print(f"[yellow]skipping {count} misses of family {name!r}:[/yellow] {why}")
     if not plan:
         raise CuteAotError(f"{path}: no misses to build (for the requested archs/families)")
     return {arch: sorted(keys, key=lambda key: key.symbol) for arch, keys in sorted(plan.items())}
@@ -200,14 +288,17 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     "archs",
     multiple=True,
     callback=_split_commas,
-    help=f"Target GPU architecture, repeatable or comma-separated (default: {','.join(DEFAULT_ARCHS)}).",
+    help="Target GPU architecture, repeatable or comma-separated "
+    f"(default: {','.join(DEFAULT_ARCHS)}).",
 )
 @click.option(
     "--shape",
     "shapes",
     multiple=True,
-    callback=_parse_shape,
-    help="Extra router_gemm weight shape K,N (repeatable).",
+    callback=_parse_shapes,
+    metavar="[FAMILY:]DIMS",
+    cls=FamiliesHelpOption,
+    help_text=lambda: f"Extra shape to build, repeatable: {shape_syntaxes()}.",
 )
 @click.option("--no-default-shapes", is_flag=True, help="Leave out the default shapes.")
 @click.option(
@@ -215,14 +306,16 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     "models",
     multiple=True,
     callback=_parse_models,
-    help="Build a model preset's shapes instead of the defaults (repeatable; `aot-build models`).",
+    help="Build a model preset's shapes, for every family, instead of the defaults "
+    "(repeatable; `aot-build models`).",
 )
 @click.option(
     "--model-config",
     "model_configs",
     multiple=True,
     type=click.Path(exists=True, path_type=Path),
-    help="Build the shapes of a local Hugging Face config.json (file or folder; repeatable).",
+    help="Build the shapes every family reads from a local Hugging Face config.json "
+    "(file or folder; repeatable).",
 )
 @click.option(
     "--family",
@@ -230,7 +323,11 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     "families",
     multiple=True,
     callback=_parse_families,
-    help=f"Kernel families, repeatable or comma-separated (default: all: {','.join(FAMILIES)}).",
+    cls=FamiliesHelpOption,
+    help_text=lambda: (
+        "Kernel families, repeatable or comma-separated "
+        f"(default: every installed one: {','.join(families()) or 'none'})."
+    ),
 )
 @click.option("--name", default="default", show_default=True, help="Bundle name.")
 @click.option("--bundle-version", default=None, help="Version recorded in the manifest.")
@@ -239,7 +336,8 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     "--jobs",
     type=click.IntRange(min=1),
     default=None,
-    help=f"Compile processes (default: cores, fewer if memory is short, ~300 MB each: {default_jobs()}).",
+    help="Compile processes (default: cores, fewer if memory is short, ~300 MB each: "
+    f"{default_jobs()}).",
 )
 @click.option(
     "--from-misses",
@@ -294,10 +392,13 @@ def main(
     console = _console()
     try:
         if misses_file:
-            plan = plan_from_misses(misses_file, archs, families)
+            plan = keys_by_arch(plan_from_misses(misses_file, archs, families, console))
         else:
-            plan = _plan(console, archs, shapes, no_default_shapes, models, model_configs, families)
-        plan = keys_by_arch(plan)
+            build_plan = _plan(
+                console, archs, shapes, no_default_shapes, models, model_configs, families
+            )
+            plan = keys_by_arch(build_plan)
+            _say_archs_without_keys(console, build_plan.archs, plan)
         cache = output.cache()
         _announce(console, plan, shard, cache)
         kwargs = {"bundle_version": bundle_version} if bundle_version else {}
@@ -335,25 +436,94 @@ def main(
         sys.exit(1)
 
 
-def _plan(console, archs, shapes, no_default_shapes, models, model_configs, families) -> BuildPlan:
-    families = list(families or FAMILIES)
+def _plan(
+    console: Console,
+    archs: list[str],
+    shapes: dict[str, list[Shape]],
+    no_default_shapes: bool,
+    models: list[str],
+    model_configs: list[Path],
+    named_families: list[str],
+) -> BuildPlan:
+    archs = list(dict.fromkeys(normalize_arch(arch) for arch in archs or DEFAULT_ARCHS))
+    selected = _select_families(console, archs, named_families, shapes)
     chosen = [model_shapes.preset(name) for name in models]
     chosen += [model_shapes.model_from_config(path) for path in model_configs]
-    extra = model_shapes.shapes_for_models(chosen, families) if chosen else {}
+    extra: dict[str, list[Shape]] = {}
     for model in chosen:
-        console.print(
-            f"model {model.name}: hidden_size {model.hidden_size}, {model.num_experts} experts"
-        )
-    if shapes:
-        router = extra.setdefault("router_gemm", [])
-        router += [shape for shape in shapes if shape not in router]
+        found = model_shapes.shapes_for_models([model], [family(name) for name in selected])
+        console.print(f"model {model.name}: {_describe_shapes(found)}")
+        _add_shapes(extra, found)
+    _add_shapes(extra, shapes)
     return BuildPlan(
-        archs=list(archs or DEFAULT_ARCHS),
-        families=families,
+        archs=archs,
+        families=selected,
         extra_shapes=extra,
         # A model build is that model's shapes; the defaults are themselves model shapes.
         default_shapes=not (no_default_shapes or chosen),
     )
+
+
+def _select_families(
+    console: Console, archs: list[str], named: list[str], shapes: dict[str, list[Shape]]
+) -> list[str]:
+    """The families to build: the named ones (default: every installed one), each for the
+    requested architectures it supports. A family asked for by name (--families, or a --shape
+    of its own) that supports none of them is an error; any other is skipped, and said so."""
+    outside = [name for name in shapes if named and name not in named]
+    if outside:
+        raise click.UsageError(
+            f"--shape for {', '.join(outside)}, which --families leaves out "
+            f"(--families {','.join(named)})"
+        )
+    explicit = set(named) | set(shapes)
+    skips = BuildPlan(archs, named or list(families())).skipped_archs()
+    selected = []
+    for name in named or list(families()):
+        supports, skipped = family(name).archs, skips.get(name, [])
+        if len(skipped) < len(archs):
+            selected.append(name)
+            if skipped:
+                console.print(
+                    f"family {name}: skipping {', '.join(skipped)} "
+                    f"(built for {', '.join(supports)} only)"
+                )
+        elif name in explicit:
+            raise click.UsageError(
+                f"family {name} is built for {', '.join(supports)}, none of the requested "
+                f"architectures ({', '.join(archs)})"
+            )
+        else:
+            console.print(
+                f"family {name}: skipped (built for {', '.join(supports)}, none requested)"
+            )
+    if not selected:
+        raise CuteAotError(f"nothing to build: no kernel family supports {', '.join(archs)}")
+    return selected
+
+
+def _add_shapes(into: dict[str, list[Shape]], shapes: dict[str, list[Shape]]) -> None:
+    for name, new in shapes.items():
+        found = into.setdefault(name, [])
+        found += [shape for shape in new if shape not in found]
+
+
+def _describe_shapes(shapes: dict[str, list[Shape]]) -> str:
+    """`fam 7168,256 4096,256; other (none)`"""
+    return "; ".join(
+        f"{name} {' '.join(','.join(map(str, shape)) for shape in found) or '(none)'}"
+        for name, found in shapes.items()
+    )
+
+
+def _say_archs_without_keys(console: Console, archs: list[str], plan: dict[str, list]) -> None:
+    """An architecture can end up with no keys (its families were skipped, or none has shapes
+    for it): it gets no bundle, and the operator is told rather than left to wonder."""
+    for arch in archs:
+        if arch not in plan:
+            console.print(f"{arch}: no keys for this architecture, no bundle")
+    if not plan:
+        raise CuteAotError("nothing to build: the plan has no keys (shapes, families, archs?)")
 
 
 def _announce(console: Console, plan: dict[str, list], shard: Shard | None, cache) -> None:
@@ -399,22 +569,37 @@ def merge_command(shards, output: Output):
 @main.command("models")
 @click.argument("configs", nargs=-1, type=click.Path(exists=True, path_type=Path))
 def models_command(configs):
-    """List the model presets (`--model NAME`) and what local config.json files map to."""
+    """List the model presets (`--model NAME`) and what local config.json files map to: per
+    installed kernel family, the shapes it builds for the model and how many keys they make."""
     console = Console(soft_wrap=True)
     try:
         chosen = list(model_shapes.PRESETS.values())
         chosen += [model_shapes.model_from_config(path) for path in configs]
-        table = Table(title="router_gemm shapes per model", title_justify="left")
-        for column in ("model", "K (hidden)", "N (experts)", *DEFAULT_ARCHS, "source"):
+        installed = list(families().values())
+        archs = [arch for arch in SUPPORTED_ARCHS if any(f.supports(arch) for f in installed)]
+        table = Table(title="shapes per model and kernel family", title_justify="left")
+        for column in ("model", "family", "shapes", *archs, "source"):
             table.add_column(column)
         for model in chosen:
-            (shape,) = model_shapes.router_gemm_shapes(model)
-            counts = [
-                str(len(family("router_gemm").enumerate_keys(a, [shape]))) for a in DEFAULT_ARCHS
-            ]
-            table.add_row(model.name, str(shape[0]), str(shape[1]), *counts, model.source)
+            rows = [(found, model_shapes.family_shapes(model, found)) for found in installed]
+            rows = [(found, shapes) for found, shapes in rows if shapes]
+            if not rows:
+                none = "[dim]none of the installed families serves it[/dim]"
+                table.add_row(model.name, "-", none, *["-"] * len(archs), model.source)
+            for found, shapes in rows:
+                counts = [
+                    str(len(found.enumerate_keys(arch, shapes))) if found.supports(arch) else "-"
+                    for arch in archs
+                ]
+                table.add_row(
+                    model.name,
+                    found.name,
+                    f"{found.shape_syntax}: {' '.join(','.join(map(str, s)) for s in shapes)}",
+                    *counts,
+                    model.source,
+                )
         console.print(table)
-        console.print(f"columns {', '.join(DEFAULT_ARCHS)}: keys per architecture")
+        console.print(f"columns {', '.join(archs)}: keys per architecture (-: not built for it)")
     except CuteAotError as exc:
         console.print(f"[red]aot-build models:[/red] {escape(str(exc))}")
         sys.exit(1)

@@ -1,61 +1,65 @@
 """Build plans from models: named presets and local Hugging Face `config.json` files.
 
-A model contributes its MoE router's shape: K = hidden_size, N = routed experts. Each family maps
-a model to the problem shapes it serves (only router_gemm so far). Nothing here touches the
-network: a config is a file the release pipeline already has.
+A model is its config (a dict, as in config.json). Each kernel family reads from it the shapes it
+serves (`KernelFamily.shapes_from_model`), so this module knows no family and no config field
+beyond where multimodal configs nest the language model. Nothing here touches the network: a
+config is a file the release pipeline already has.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from cute_aot.artifacts.errors import CuteAotError, UnsupportedProblemError
+from cute_aot.artifacts.errors import ModelConfigError, UnsupportedProblemError
+from cute_aot.kernels import KernelFamily
 
+Shape = tuple[int, ...]
 
-class ModelConfigError(CuteAotError, ValueError):
-    """A model config that cannot give build shapes; names the file."""
-
-    def __init__(self, path, message: str):
-        self.path = str(path)
-        super().__init__(f"{self.path}: {message}")
-
-
-@dataclass(frozen=True)
-class MoeModel:
-    name: str
-    hidden_size: int  # K of the router GEMM
-    num_experts: int  # N of the router GEMM (routed experts)
-    source: str  # "preset" or the config file it was read from
-
-
-# Router shapes of released MoE models (K = hidden_size, N = routed experts), from their configs.
-PRESETS: dict[str, MoeModel] = {
-    model.name: model
-    for model in (
-        MoeModel("deepseek-v3", 7168, 256, "preset"),
-        MoeModel("deepseek-v3.2", 7168, 256, "preset"),
-        MoeModel("deepseek-v4-pro", 7168, 384, "preset"),
-        MoeModel("deepseek-v4-flash", 4096, 256, "preset"),
-        MoeModel("glm-5.2", 6144, 256, "preset"),
-        MoeModel("inkling", 6144, 264, "preset"),
-        MoeModel("gpt-oss-120b", 2880, 128, "preset"),
-        MoeModel("gpt-oss-20b", 2880, 32, "preset"),
-        MoeModel("kimi-k2", 7168, 384, "preset"),
-        MoeModel("qwen3-235b-a22b", 4096, 128, "preset"),
-        MoeModel("qwen3-30b-a3b", 2048, 128, "preset"),
-    )
-}
-
-# Where configs keep the routed expert count (DeepSeek/Kimi/GLM; Qwen-MoE; Mixtral/gpt-oss; ERNIE).
-EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
-# Multimodal configs nest the language model's config.
+# Multimodal configs nest the language model's config; its fields are the ones kernels serve.
 NESTED_CONFIGS = ("text_config", "language_config", "llm_config")
 
 
-def preset(name: str) -> MoeModel:
+@dataclass(frozen=True, eq=False)
+class Model:
+    name: str
+    config: dict[str, Any]  # Hugging Face config fields, nested language sections merged in
+    source: str  # "preset" or the config file it was read from
+
+    @property
+    def where(self) -> str:
+        """What an error names: the config file, or the preset."""
+        return f"preset {self.name}" if self.source == "preset" else self.source
+
+
+def _preset(name: str, **config: Any) -> Model:
+    return Model(name, config, "preset")
+
+
+# Released models, as the fields of their config.json that kernel families read (the expert count
+# under the field name each model's own config uses).
+PRESETS: dict[str, Model] = {
+    model.name: model
+    for model in (
+        _preset("deepseek-v3", hidden_size=7168, n_routed_experts=256),
+        _preset("deepseek-v3.2", hidden_size=7168, n_routed_experts=256),
+        _preset("deepseek-v4-pro", hidden_size=7168, n_routed_experts=384),
+        _preset("deepseek-v4-flash", hidden_size=4096, n_routed_experts=256),
+        _preset("glm-5.2", hidden_size=6144, n_routed_experts=256),
+        _preset("inkling", hidden_size=6144, n_routed_experts=264),
+        _preset("gpt-oss-120b", hidden_size=2880, num_local_experts=128),
+        _preset("gpt-oss-20b", hidden_size=2880, num_local_experts=32),
+        _preset("kimi-k2", hidden_size=7168, n_routed_experts=384),
+        _preset("qwen3-235b-a22b", hidden_size=4096, num_experts=128),
+        _preset("qwen3-30b-a3b", hidden_size=2048, num_experts=128),
+    )
+}
+
+
+def preset(name: str) -> Model:
     try:
         return PRESETS[name.lower()]
     except KeyError:
@@ -64,8 +68,19 @@ def preset(name: str) -> MoeModel:
         ) from None
 
 
-def model_from_config(path: str | Path) -> MoeModel:
-    """A Hugging Face config.json (or the folder holding one) -> its router shape."""
+def merge_language_sections(config: dict[str, Any]) -> dict[str, Any]:
+    """The top level with each nested language section laid over it (the section wins: in a
+    multimodal config the top-level hidden_size, if any, is not the language model's)."""
+    merged = dict(config)
+    for name in NESTED_CONFIGS:
+        section = config.get(name)
+        if isinstance(section, dict):
+            merged.update(section)
+    return merged
+
+
+def model_from_config(path: str | Path) -> Model:
+    """A Hugging Face config.json (or the folder holding one) -> a Model."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -77,24 +92,7 @@ def model_from_config(path: str | Path) -> MoeModel:
         raise ModelConfigError(path, f"not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ModelConfigError(path, "not a JSON object")
-    sections = [config] + [config[n] for n in NESTED_CONFIGS if isinstance(config.get(n), dict)]
-    for section in sections:
-        experts = next((section[f] for f in EXPERT_FIELDS if _positive_int(section.get(f))), None)
-        if experts is None:
-            continue
-        hidden = section.get("hidden_size", config.get("hidden_size"))
-        if not _positive_int(hidden):
-            raise ModelConfigError(path, f"has {experts} experts but no integer hidden_size")
-        return MoeModel(_model_name(config, path), hidden, experts, str(path))
-    raise ModelConfigError(
-        path,
-        f"no MoE router: none of {', '.join(EXPERT_FIELDS)} is a positive integer "
-        "(a dense model has no router GEMM to build)",
-    )
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return Model(_model_name(config, path), merge_language_sections(config), str(path))
 
 
 def _model_name(config: dict, path: Path) -> str:
@@ -102,27 +100,34 @@ def _model_name(config: dict, path: Path) -> str:
     return str(name or path)
 
 
-def router_gemm_shapes(model: MoeModel) -> list[tuple[int, int]]:
-    from cute_aot.kernels.router_gemm import check_problem
-
+def family_shapes(model: Model, family: KernelFamily) -> list[Shape]:
+    """The shapes `family` needs for `model` ([] when it has nothing for it)."""
     try:
-        check_problem(1, model.hidden_size, model.num_experts)
+        # A copy: a family must not be able to change a preset for the next caller.
+        return list(family.shapes_from_model(dict(model.config)))
     except UnsupportedProblemError as exc:
-        raise UnsupportedProblemError(f"model {model.name} ({model.source}): {exc}") from None
-    return [(model.hidden_size, model.num_experts)]
+        raise ModelConfigError(model.where, f"model {model.name}: {exc}") from None
 
 
-# family -> the (K, N)-style problem shapes a model needs from it
-FAMILY_SHAPES: dict[str, Callable[[MoeModel], list[tuple]]] = {"router_gemm": router_gemm_shapes}
+def shapes_for_models(
+    models: Iterable[Model], families: Iterable[KernelFamily]
+) -> dict[str, list[Shape]]:
+    """{family name: shapes} for these models, each shape once, in model order.
 
-
-def shapes_for_models(models: list[MoeModel], families: list[str]) -> dict[str, list[tuple]]:
-    """{family: shapes} for these models, each shape once, in model order."""
-    shapes: dict[str, list[tuple]] = {}
-    for name in families:
-        if name not in FAMILY_SHAPES:
-            raise UnsupportedProblemError(f"family {name!r} has no mapping from model shapes")
-        found = shapes.setdefault(name, [])
-        for model in models:
-            found += [s for s in FAMILY_SHAPES[name](model) if s not in found]
+    Every model must give at least one shape to one of the families: a model that gives none
+    (a dense model asked of MoE-only families, a config missing its fields) is an error rather
+    than a build that quietly leaves it out.
+    """
+    families = list(families)
+    shapes: dict[str, list[Shape]] = {family.name: [] for family in families}
+    for model in models:
+        found = {family.name: family_shapes(model, family) for family in families}
+        if not any(found.values()):
+            raise ModelConfigError(
+                model.where,
+                f"model {model.name} gives no shapes to the families asked "
+                f"({', '.join(shapes) or 'none'}): none of them serves it",
+            )
+        for name, new in found.items():
+            shapes[name] += [shape for shape in new if shape not in shapes[name]]
     return shapes

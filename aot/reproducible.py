@@ -7,11 +7,7 @@ import tempfile
 from pathlib import Path
 
 from cute_aot.artifacts.bundle import read_bundle
-from cute_aot.artifacts.errors import BuildError
-
-
-class NotReproducibleError(BuildError):
-    """Two builds of the same inputs wrote different bundle bytes; names the bundle and kernels."""
+from cute_aot.artifacts.errors import NotReproducibleError
 
 
 def explain_difference(first: Path, second: Path) -> str:

@@ -20,17 +20,13 @@ from pathlib import Path
 
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.artifacts.errors import BuildError
-from cute_aot.kernels import family, family_facts, source_hash
+from cute_aot.artifacts.errors import ShardError
+from cute_aot.kernels import families, family, family_facts, source_hash
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 
 SHARD_FORMAT = 1
 SHARD_FILE = "shard.json"
 _SPEC_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
-
-
-class ShardError(BuildError):
-    """Shard outputs that cannot be merged; names the shard folder involved."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +186,8 @@ def _check_local_toolchain(folder: Path, document: dict) -> None:
                 "merge where the shards were built"
             )
     for name, facts in document["families"].items():
+        if name not in families():
+            raise ShardError(f"{folder}: built with kernel family {name!r}, not installed here")
         if facts["source_hash"] != source_hash(name):
             raise ShardError(
                 f"{folder}: family {name!r} was built from other sources than this checkout's"

@@ -40,6 +40,10 @@ class MissingLibraryError(IncompatibleBundleError):
         super().__init__(path, message)
 
 
+class DriverTooOldError(IncompatibleBundleError):
+    """The CUDA driver cannot run the CUDA runtime linked into the bundle's library."""
+
+
 class SignatureError(BundleError):
     """The trust policy refuses the bundle: unsigned where a signature is required, signed by a
     key that is not trusted, or a signature that does not match the manifest."""
@@ -118,4 +122,15 @@ class BinaryInspectionError(CuteAotError):
 
 
 class ElfError(CuteAotError, ValueError):
-    """The bytes are not a well-formed 64-bit little-endian ELF shared library."""
+    """The bytes are not a well-formed 64-bit little-endian ELF file of the kind asked for."""
+
+
+class ToolNotFoundError(BinaryInspectionError):
+    """cuobjdump or nvdisasm is not installed; says which package provides it."""
+
+    def __init__(self, tool: str, distribution: str):
+        self.tool, self.distribution = tool, distribution
+        super().__init__(
+            f"{tool} not found: pip install {distribution} (or put the CUDA toolkit's bin folder "
+            "on PATH)"
+        )

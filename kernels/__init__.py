@@ -1,7 +1,7 @@
 """Kernel families, found through the entry-point group ``cute_aot.families``.
 
-Each entry point names a `KernelFamily` instance (kernels/contract.py). Ours (`router_gemm`)
-registers exactly as another project's would, in pyproject.toml. A family whose package fails to
+Each entry point names a `KernelFamily` instance (kernels/contract.py). Ours register exactly as
+another project's would, in pyproject.toml. A family whose package fails to
 import is left out with one warning naming it; the others keep working.
 """
 
@@ -44,7 +44,9 @@ def _discover() -> dict[str, KernelFamily]:
             if isinstance(candidate, type):
                 candidate = candidate()
             if not isinstance(candidate, KernelFamily):
-                raise TypeError(f"{point.value} is a {type(candidate).__name__}, not a KernelFamily")
+                raise TypeError(
+                    f"{point.value} is a {type(candidate).__name__}, not a KernelFamily"
+                )
             if candidate.name != point.name:
                 raise ValueError(f"{point.value} is named {candidate.name!r}, not {point.name!r}")
         except Exception as exc:  # one broken plug-in must not take the others down

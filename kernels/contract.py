@@ -175,4 +175,3 @@ def parse_ints(family: KernelFamily, text: str, syntax: str) -> tuple[int, ...]:
             f"{family.name}: {text!r} is not {syntax} ({count} positive integers)"
         )
     return values
-

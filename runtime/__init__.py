@@ -1,9 +1,10 @@
 """The server-side loader: bundles -> shape -> key -> prebuilt kernel. Never imports cutlass
 unless a kernel is missing and the mode allows compiling it.
 
-    from cute_aot.runtime import load_bundles, router_gemm
+    from cute_aot.runtime import load_bundles, op
     load_bundles("bundles/")            # or set CUTE_AOT_BUNDLES
-    logits = router_gemm(x, w)          # every installed kernel family is an op of its name
+    out = op(FAMILY)(x, w)              # every installed family is also an attribute of its name:
+                                        # `from cute_aot.runtime import <family>`
 
 Names are imported on first use, so tools that only read bundles (`aot-cache`, `aot-build`)
 do not pay for torch.

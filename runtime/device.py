@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 from cute_aot.kernels.arch import arch_for_capability
@@ -23,3 +24,16 @@ def current_gpu_arch() -> str | None:
     if not torch.cuda.is_available():
         return None
     return device_arch(torch.cuda.current_device())
+
+
+@functools.cache
+def driver_cuda_version() -> tuple[int, int] | None:
+    """The CUDA version the installed driver supports, or None without a driver."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return version.value // 1000, (version.value % 1000) // 10

@@ -35,6 +35,7 @@ from cute_aot.artifacts.bundle import SHA256_RE, read_bundle
 from cute_aot.artifacts.elf import DynamicInfo
 from cute_aot.artifacts.errors import (
     BundleFormatError,
+    DriverTooOldError,
     IncompatibleBundleError,
     KernelNotFoundError,
     MissingLibraryError,
@@ -44,10 +45,11 @@ from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_entries, check_library, host_machine
 from cute_aot.kernels import families
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
-from cute_aot.runtime import paths
+from cute_aot.runtime import device, paths
 from cute_aot.runtime.notices import warn_once
 
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
+ManifestCheck = Callable[[Path, Manifest], None]
 _GLIBC_VERSION_RE = re.compile(r"^GLIBC_(\d+)\.(\d+)(?:\.\d+)?\Z")
 # (library sha256, cache dir) -> (module, where it was loaded from): each is loaded once.
 _loaded: dict[tuple[str, str], tuple[Any, str]] = {}
@@ -103,6 +105,22 @@ def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> No
     if not toolchain.abi_compatible_tvm_ffi(built, installed):
         raise IncompatibleBundleError(
             path, f"built with apache-tvm-ffi {built}, this machine has {installed}"
+        )
+    if gpu_arch is not None:
+        check_driver(path, manifest)
+
+
+def check_driver(path: Path, manifest: Manifest) -> None:
+    """The library links the CUDA runtime statically: a driver older than its major version would
+    fail at the first launch, mid-request, so refuse the bundle now."""
+    runtime_major = manifest.toolchain.get("cuda_runtime_major")
+    driver = device.driver_cuda_version()
+    if isinstance(runtime_major, int) and driver is not None and driver[0] < runtime_major:
+        raise DriverTooOldError(
+            path,
+            f"the library links the CUDA {runtime_major} runtime, this driver supports CUDA "
+            f"{driver[0]}.{driver[1]}: update the NVIDIA driver or use a bundle built for CUDA "
+            f"{driver[0]}",
         )
 
 
@@ -224,9 +242,13 @@ def installed_key_class(family_name: str):
 
 
 # -- the pipeline --------------------------------------------------------------------------------
-def verify_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> VerifiedBundle:
+def verify_bundle(
+    path: str | os.PathLike, gpu_arch: str | None = None, accept: ManifestCheck | None = None
+) -> VerifiedBundle:
     """Every check open_bundle makes, short of loading the library (also for `aot-cache verify`).
 
+    `accept(path, manifest)`: the caller's own refusal (the registry's staleness rule), made on
+    the manifest alone, before the payload is decompressed and long before any dlopen.
     Raises a BundleError subclass naming the file and the problem; KeyFileError when
     CUTE_AOT_TRUSTED_KEYS names a file that is not a key.
     """
@@ -236,6 +258,8 @@ def verify_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> Verif
     def before_payload(path: Path, manifest: Manifest) -> None:
         signer[0] = check_trust(path, manifest)
         check_compatible(path, manifest, gpu_arch)
+        if accept is not None:
+            accept(path, manifest)
 
     manifest, library = read_bundle(path, check=before_payload)
     check_entries(path, manifest, installed_key_class)
@@ -245,9 +269,11 @@ def verify_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> Verif
     return VerifiedBundle(path, manifest, library, dynamic, signer[0])
 
 
-def open_bundle(path: str | os.PathLike, gpu_arch: str | None = None) -> LoadedBundle:
+def open_bundle(
+    path: str | os.PathLike, gpu_arch: str | None = None, accept: ManifestCheck | None = None
+) -> LoadedBundle:
     """Verify, check and load one bundle file. gpu_arch: the architecture it must be built for."""
-    bundle = verify_bundle(path, gpu_arch)
+    bundle = verify_bundle(path, gpu_arch, accept)
     manifest = bundle.manifest
     module, library_path = _load_library(bundle.path, bundle.library, manifest.library["sha256"])
     return LoadedBundle(

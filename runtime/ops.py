@@ -1,7 +1,8 @@
 """Ops on torch tensors, one per installed kernel family, made from its contract.
 
-    from cute_aot.runtime import router_gemm     # any family name: an op of that family
-    out = router_gemm(x, w)                       # or router_gemm(x, w, out=out)
+    from cute_aot.runtime import op
+    gemm = op(FAMILY)                  # or `from cute_aot.runtime import <family name>`
+    out = gemm(x, w)                   # arguments in the family's ABI order; or out=out
 
 The hit path is one dict lookup and the TVM-FFI call: the exported function checks dtypes,
 shapes, strides, alignment in C against what its kernel was built for. Anything unusual (the
@@ -142,9 +143,7 @@ def _check_kind(name: str, arg: TensorArg, tensor: Any) -> None:
     if dtype != arg.dtype:
         raise InputError(f"{name}: {arg.name} must be {arg.dtype}, got {dtype}")
     if tensor.dim() != arg.rank:
-        raise InputError(
-            f"{name}: {arg.name} must be {arg.rank}-D, got shape {list(tensor.shape)}"
-        )
+        raise InputError(f"{name}: {arg.name} must be {arg.rank}-D, got shape {list(tensor.shape)}")
 
 
 def _check_placement(name: str, arg: TensorArg, tensor: torch.Tensor) -> None:

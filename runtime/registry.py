@@ -81,18 +81,9 @@ class Registry:
 
     # -- loading ---------------------------------------------------------------------------------
     def add(self, bundle: LoadedBundle) -> None:
-        reasons = stale_reasons(bundle.manifest)
-        for name, reason in reasons.items():
-            if current_mode() is Mode.AOT:
-                raise StaleBundleError(bundle.path, f"stale for {name}: {reason}")
-            warn_once(
-                ("stale", str(bundle.path), name),
-                f"{bundle.path}: not used for {name} ({reason}); falling back",
-            )
+        reasons = self._refuse_stale(bundle.path, bundle.manifest)
         with self._lock:
             self.bundles.append(bundle)
-            for name, reason in reasons.items():
-                self.stale.setdefault((bundle.arch, name), []).append(f"{bundle.path}: {reason}")
             for entry in bundle.manifest.entries:
                 if entry.family not in reasons:
                     # first loaded wins: explicit paths are loaded before CUTE_AOT_BUNDLES
@@ -124,14 +115,42 @@ class Registry:
             self.add(bundle)
         return loaded
 
-    @staticmethod
-    def _open(path: Path, gpu_arch, in_folder: bool, skip_bad: bool) -> LoadedBundle | None:
+    def _refuse_stale(self, path: Path, manifest: Manifest) -> dict[str, str]:
+        """Staleness, decided on the manifest alone (before any dlopen): mode aot refuses a
+        bundle stale for any family; mode auto uses it for its other families, with one warning
+        per stale family, and refuses it when every family it holds is stale (nothing to load
+        it for). Returns the stale families' reasons."""
+        reasons = stale_reasons(manifest)
+        if not reasons:
+            return reasons
+        with self._lock:
+            for name, reason in reasons.items():
+                said = self.stale.setdefault((manifest.arch, name), [])
+                if f"{path}: {reason}" not in said:
+                    said.append(f"{path}: {reason}")
+        summary = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+        if current_mode() is Mode.AOT:
+            raise StaleBundleError(path, f"stale ({summary})")
+        for name, reason in reasons.items():
+            warn_once(
+                ("stale", str(path), name), f"{path}: not used for {name} ({reason}); falling back"
+            )
+        if set(reasons) >= set(manifest.families):
+            raise StaleBundleError(path, f"stale for every family it holds ({summary})")
+        return reasons
+
+    def _open(self, path: Path, gpu_arch, in_folder: bool, skip_bad: bool) -> LoadedBundle | None:
         """Open one bundle. In mode auto a bad one that may be skipped is, with one warning, so
-        that a server falls back (overlay, JIT) instead of failing; mode aot always raises."""
+        that a server falls back (overlay, JIT) instead of failing; mode aot always raises. A
+        bundle stale for every family it holds is never dlopened, and never fails mode auto."""
         try:
             if in_folder and gpu_arch is not None and read_manifest(path).arch != gpu_arch:
                 return None
-            return open_bundle(path, gpu_arch)
+            return open_bundle(path, gpu_arch, accept=self._refuse_stale)
+        except StaleBundleError:
+            if current_mode() is Mode.AOT:
+                raise
+            return None  # warned once per family by _refuse_stale; its kernels fall back
         except (BundleError, KeyFileError) as exc:
             if not skip_bad or current_mode() is Mode.AOT:
                 raise

@@ -23,18 +23,20 @@ from cute_aot.aot import compile_pool
 from cute_aot.aot.build import keys_by_arch, merge, run_build
 from cute_aot.aot.build_cache import BuildCache, default_cache_root
 from cute_aot.aot.cli import main
-from cute_aot.aot.models import (
-    PRESETS,
-    ModelConfigError,
-    model_from_config,
-    shapes_for_models,
-)
+from cute_aot.aot.models import PRESETS, family_shapes, model_from_config, shapes_for_models
 from cute_aot.aot.report import report_path
-from cute_aot.aot.reproducible import NotReproducibleError, check_reproducible
-from cute_aot.aot.shard import Shard, ShardError
+from cute_aot.aot.reproducible import check_reproducible
+from cute_aot.aot.shard import Shard
 from cute_aot.artifacts.bundle import read_bundle
-from cute_aot.artifacts.errors import BuildError, UnsupportedProblemError
-from cute_aot.kernels.router_gemm import DEFAULT_SHAPES, RouterGemmKey, dispatch
+from cute_aot.artifacts.errors import (
+    BuildError,
+    ModelConfigError,
+    NotReproducibleError,
+    ShardError,
+    UnsupportedProblemError,
+)
+from cute_aot.kernels import family
+from cute_aot.kernels.router_gemm import RouterGemmKey, dispatch
 
 FAIL_M, CRASH_M = 13, 14  # stand-in keys with these token counts raise / kill their worker
 COMPILE_LOG_ENV = "CUTE_AOT_TEST_COMPILE_LOG"
@@ -356,14 +358,24 @@ def test_merge_refuses_incomplete_or_tampered_shards(tmp_path):
 
 
 def test_presets_cover_the_reference_models_and_the_default_shapes():
-    shapes = {name: (m.hidden_size, m.num_experts) for name, m in PRESETS.items()}
-    assert shapes["deepseek-v3"] == shapes["deepseek-v3.2"] == (7168, 256)
-    assert shapes["deepseek-v4-pro"] == (7168, 384)
-    assert shapes["deepseek-v4-flash"] == (4096, 256)
-    assert shapes["glm-5.2"] == (6144, 256)
-    assert shapes["inkling"] == (6144, 264)
-    assert shapes["gpt-oss-120b"] == (2880, 128)
-    assert set(DEFAULT_SHAPES) <= set(shapes.values())
+    router = family("router_gemm")
+    shapes = {name: family_shapes(model, router) for name, model in PRESETS.items()}
+    assert shapes == {
+        "deepseek-v3": [(7168, 256)],
+        "deepseek-v3.2": [(7168, 256)],
+        "deepseek-v4-pro": [(7168, 384)],
+        "deepseek-v4-flash": [(4096, 256)],
+        "glm-5.2": [(6144, 256)],
+        "inkling": [(6144, 264)],
+        "gpt-oss-120b": [(2880, 128)],
+        "gpt-oss-20b": [(2880, 32)],
+        "kimi-k2": [(7168, 384)],
+        "qwen3-235b-a22b": [(4096, 128)],
+        "qwen3-30b-a3b": [(2048, 128)],
+    }
+    # The default shapes are the shapes of the models the default bundles serve.
+    assert set(router.default_shapes) < {shape for (shape,) in shapes.values()}
+    assert all(model.source == "preset" for model in PRESETS.values())
 
 
 @pytest.mark.parametrize(
@@ -373,6 +385,9 @@ def test_presets_cover_the_reference_models_and_the_default_shapes():
         ({"hidden_size": 4096, "num_local_experts": 8}, (4096, 8)),
         ({"hidden_size": 2048, "num_experts": 128, "n_routed_experts": None}, (2048, 128)),
         ({"text_config": {"hidden_size": 5120, "num_local_experts": 16}}, (5120, 16)),
+        ({"hidden_size": 1, "llm_config": {"hidden_size": 3072, "moe_num_experts": 64}},
+         (3072, 64)),
+        ({"num_experts": 32, "language_config": {"hidden_size": 1536}}, (1536, 32)),
     ],
 )  # fmt: skip
 def test_hf_config_gives_the_router_shape(tmp_path, config, shape):
@@ -380,20 +395,26 @@ def test_hf_config_gives_the_router_shape(tmp_path, config, shape):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     model = model_from_config(folder)  # a folder or the file itself
-    assert (model.hidden_size, model.num_experts) == shape
     assert model.name == "Some-MoE"
-    assert shapes_for_models([model], ["router_gemm"]) == {"router_gemm": [shape]}
+    assert model.source == str(folder / "config.json")
+    router = family("router_gemm")
+    assert shapes_for_models([model], [router]) == {"router_gemm": [shape]}
 
 
-def test_dense_config_says_it_has_no_router(tmp_path):
+def test_dense_config_gives_no_router_shape(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"hidden_size": 4096, "num_experts": 0, "model_type": "llama"}))
-    with pytest.raises(ModelConfigError, match="no MoE router"):
-        model_from_config(config)
+    model = model_from_config(config)
+    assert family_shapes(model, family("router_gemm")) == []
+    with pytest.raises(ModelConfigError, match="gives no shapes to the families asked"):
+        shapes_for_models([model], [family("router_gemm")])
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["--model-config", str(config), "--out", str(out)])
+    result = CliRunner().invoke(
+        main, ["--model-config", str(config), "--families", "router_gemm", "--out", str(out)]
+    )
     assert result.exit_code == 1
-    assert "no MoE router" in result.output and str(config) in result.output
+    assert f"{config}: model " in result.output
+    assert "gives no shapes to the families asked (router_gemm)" in result.output
     assert not out.exists()
 
 
@@ -402,8 +423,8 @@ def test_config_with_a_shape_no_kernel_serves_is_refused_by_name(tmp_path):
     config.write_text(
         json.dumps({"_name_or_path": "odd/model", "hidden_size": 2883, "num_experts": 8})
     )
-    with pytest.raises(UnsupportedProblemError, match="odd/model.*K % 8"):
-        shapes_for_models([model_from_config(config)], ["router_gemm"])
+    with pytest.raises(ModelConfigError, match=f"{config}: model odd/model: .*K % 8"):
+        shapes_for_models([model_from_config(config)], [family("router_gemm")])
 
 
 def test_model_plan_replaces_the_default_shapes(tmp_path, monkeypatch):

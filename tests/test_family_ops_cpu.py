@@ -92,16 +92,18 @@ def test_the_cached_torch_fallback_checks_its_inputs(router_op, monkeypatch):
     monkeypatch.undo()  # placement checks back on: a strided x must be refused too
     monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
     strided = torch.ones(64, 2, dtype=torch.bfloat16).t()
-    (function, _), = router_op.table.values()
+    ((function, _),) = router_op.table.values()
     with pytest.raises(InputError, match="must be"):
         function(strided, w, torch.empty(2, 8))
 
 
 @pytest.mark.parametrize(
     "failure",
-    [ImportError("libcute_dsl.so: cannot open shared object file"),
-     RuntimeError("MLIR pass failed"),
-     OSError("export_to_c: No space left on device")],  # fmt: skip
+    [
+        ImportError("libcute_dsl.so: cannot open shared object file"),
+        RuntimeError("MLIR pass failed"),
+        OSError("export_to_c: No space left on device"),
+    ],  # fmt: skip
     ids=["cutlass-import", "compile", "export"],
 )
 def test_auto_falls_back_to_torch_when_jit_fails_in_any_way(router_op, monkeypatch, failure):

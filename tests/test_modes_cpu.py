@@ -53,10 +53,10 @@ def test_aot_mode_miss_names_family_key_arch_and_bundles(fresh_runtime, small_bu
 
 def test_bundle_hit_needs_no_compile(fresh_runtime, small_bundles):
     out, _, plan = small_bundles
-    REGISTRY.load(out, gpu_arch=ARCH)
+    (bundle,) = REGISTRY.load(out, gpu_arch=ARCH)
     before = jit.compile_count
     for key in plan[ARCH]:
-        assert REGISTRY.resolve(key, ARCH) is not None
+        assert REGISTRY.resolve(key, ARCH) is bundle.function(key.id)  # the bundle's own
     assert jit.compile_count == before
     assert not miss_log_path().exists()
 
@@ -78,7 +78,10 @@ def test_auto_miss_compiles_publishes_records_and_warns_once(fresh_runtime):
     # the same process does not compile or warn again
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert REGISTRY.resolve(MISS_KEY, ARCH) is not None
+        again = REGISTRY.resolve(MISS_KEY, ARCH)
+    # now served by the published overlay entry, loaded once: no second compile
+    assert again is REGISTRY.overlay_function(MISS_KEY, ARCH)
+    assert type(again).__name__ == "Function"
     assert jit.compile_count == before + 1
 
     # a later process finds the overlay entry: no compile, no cutlass
@@ -153,8 +156,10 @@ def test_unwritable_cache_dir_still_loads_from_memory(small_bundles, monkeypatch
     sm90 = next(p for p in paths if "sm_90a" in p.name)
     with pytest.warns(RuntimeWarning, match="not writable.*temporary files"):
         bundle = open_bundle(sm90, ARCH)
-    assert not __import__("os").path.exists(bundle.library_path)  # removed once mapped
-    assert bundle.function(plan[ARCH][0].id) is not None
+    # loaded from an anonymous in-memory file: nothing written anywhere
+    assert bundle.library_path == f"memfd:cute-aot-{bundle.manifest.library['sha256'][:16]}.so"
+    assert [path.name for path in tmp_path.iterdir()] == ["file"]
+    assert type(bundle.function(plan[ARCH][0].id)).__name__ == "Function"  # a TVM-FFI function
 
 
 def test_unwritable_miss_log_warns_once(monkeypatch, tmp_path):

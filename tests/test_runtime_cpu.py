@@ -141,3 +141,61 @@ def test_kernels_are_resolved_per_device_architecture(monkeypatch):
         assert device.device_arch(2) is None
     finally:
         device.device_arch.cache_clear()
+
+
+def _fresh_manifest(**toolchain_changes):
+    """A manifest that is current for the installed router family (not stale)."""
+    from cute_aot.kernels import family_facts
+
+    return dataclasses.replace(
+        _manifest(),
+        families={"router_gemm": family_facts("router_gemm")},
+        toolchain={**toolchain.fingerprint(), **toolchain_changes},
+    )
+
+
+def _never_dlopen(monkeypatch):
+    from cute_aot.runtime import loader
+
+    def refuse(*args):
+        raise AssertionError("dlopen reached")
+
+    monkeypatch.setattr(loader, "_load_library", refuse)
+    monkeypatch.setattr(loader, "check_library", refuse)  # not even the library's bytes are read
+
+
+def test_a_stale_bundle_is_refused_before_its_library_is_read(fresh_runtime, tmp_path, monkeypatch):
+    from cute_aot.runtime import REGISTRY, StaleBundleError, set_mode
+
+    _never_dlopen(monkeypatch)
+    stale = tmp_path / "stale-sm_90a.cuteaot"
+    manifest = _fresh_manifest()
+    facts = {**manifest.families["router_gemm"], "source_hash": "cd" * 32}  # other sources
+    write_bundle(
+        stale, dataclasses.replace(manifest, families={"router_gemm": facts}), NOT_A_LIBRARY
+    )
+    with pytest.warns(RuntimeWarning, match="not used for router_gemm.*source hash"):
+        assert REGISTRY.load(stale, gpu_arch="sm_90a") == []  # auto: skipped, no dlopen
+    assert REGISTRY.bundles == []
+    set_mode("aot")
+    with pytest.raises(StaleBundleError, match="stale.*router_gemm: kernel source hash"):
+        REGISTRY.load(stale, gpu_arch="sm_90a")
+
+
+def test_a_too_old_driver_is_refused_before_dlopen(fresh_runtime, tmp_path, monkeypatch):
+    from cute_aot.artifacts.errors import DriverTooOldError
+    from cute_aot.runtime import REGISTRY, device
+
+    _never_dlopen(monkeypatch)
+    monkeypatch.setattr(device, "driver_cuda_version", lambda: (12, 4))
+    path = tmp_path / "b-sm_90a.cuteaot"
+    write_bundle(path, _fresh_manifest(cuda_runtime_major=13), NOT_A_LIBRARY)
+    with pytest.raises(DriverTooOldError, match="CUDA 13 runtime, this driver supports CUDA 12.4"):
+        open_bundle(path, gpu_arch="sm_90a")
+    # in a folder, mode auto skips it (its kernels fall back) instead of failing the server
+    with pytest.warns(RuntimeWarning, match="skipping bundle.*CUDA 12.4"):
+        assert REGISTRY.load(tmp_path, gpu_arch="sm_90a") == []
+    # a new enough driver passes this check (and reaches the library checks, refused here)
+    monkeypatch.setattr(device, "driver_cuda_version", lambda: (13, 0))
+    with pytest.raises(AssertionError, match="dlopen reached"):
+        open_bundle(path, gpu_arch="sm_90a")
