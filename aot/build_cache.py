@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-from importlib import resources
 from pathlib import Path
 
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.atomic import publish_once
+from cute_aot.artifacts.cache_dirs import cache_dir
+from cute_aot.artifacts.fingerprints import module_sources_digest, packer_code_digest
 from cute_aot.kernels import family_facts, source_hash
-from cute_aot.runtime import paths
 
 # Bump when the layout or the meaning of a digest changes: old entries are then never found.
 CACHE_FORMAT = 1
@@ -37,19 +36,11 @@ VOLATILE_ROW_FIELDS = frozenset({"object", "seconds", "status", "error", "traceb
 # Code whose change changes an object (the worker's export options) or a bundle (link, pack,
 # container). Kernel sources are covered per family by source_hash.
 WORKER_MODULES = ("cute_aot.aot.compile_worker", "cute_aot.aot.binary_info")
-PACKER_MODULES = (
-    "cute_aot.aot.pack",
-    "cute_aot.aot.link",
-    "cute_aot.artifacts.bundle",
-    "cute_aot.artifacts.manifest",
-    "cute_aot.artifacts.toolchain",
-)
-PACKER_DATA = ("cute_dsl_shim.c", "exports.map")
 
 
 def default_cache_root() -> Path:
     """Under the per-user cute-aot cache folder ($CUTE_AOT_CACHE_DIR or ~/.cache/cute-aot)."""
-    return paths.cache_dir() / CACHE_SUBDIR
+    return cache_dir() / CACHE_SUBDIR
 
 
 def stable_row(row: dict) -> dict:
@@ -69,19 +60,10 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _modules_digest(names: tuple[str, ...]) -> str:
-    digest = hashlib.sha256()
-    for name in names:
-        spec = importlib.util.find_spec(name)
-        source = Path(spec.origin).read_bytes() if spec and spec.origin else b"<absent>"
-        digest.update(name.encode() + b"\0" + source + b"\0")
-    return digest.hexdigest()
-
-
 @functools.cache
 def worker_fingerprint() -> dict:
     """The worker's code, and the inspection tools whose presence shapes its rows."""
-    return {"modules": _modules_digest(WORKER_MODULES), "tools": _inspection_tools()}
+    return {"modules": module_sources_digest(WORKER_MODULES), "tools": _inspection_tools()}
 
 
 def _inspection_tools() -> dict:
@@ -105,12 +87,9 @@ def packer_fingerprint() -> dict:
 
     from cute_aot.aot.link import link_inputs
 
-    package = resources.files("cute_aot.aot")
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     return {
-        "modules": _modules_digest(PACKER_MODULES),
-        "data": {name: hashlib.sha256(package.joinpath(name).read_bytes()).hexdigest()
-                 for name in PACKER_DATA},
+        "code": packer_code_digest(),  # format version, packer modules, linked-in data files
         "link_inputs": {name: _file_sha256(path) for name, path in sorted(link_inputs().items())},
         "compiler": _compiler_identity(compiler) if compiler else None,
         "zstd": zstandard.ZSTD_VERSION,
@@ -231,7 +210,10 @@ class BuildCache:
         data_path, record_path = self._paths(kind, digest, suffix)
         record = {**record, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         try:
-            publish_once(data_path, data)
+            if not publish_once(data_path, data) and data_path.read_bytes() != data:
+                # Another writer's different bytes hold the name: a record of ours would
+                # describe data that is not there. Leave the entry to that writer.
+                return
             publish_once(record_path, json.dumps(record, sort_keys=True).encode())  # commit marker
         except OSError as exc:
             self.write_error = f"cannot write the build cache under {self.root} ({exc})"

@@ -7,12 +7,14 @@ import is left out with one warning naming it; the others keep working.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
-import sys
+import importlib.util
 import threading
 import warnings
-from importlib import metadata, resources
+from importlib import metadata
+from pathlib import Path
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg
@@ -100,16 +102,73 @@ def family(name: str) -> KernelFamily:
 
 @functools.cache
 def source_hash(name: str) -> str:
-    """sha256 over the family's source and data files: a bundle built from other sources is stale."""
-    found = family(name)
-    # The package holding the family's class: its own folder (a package's __package__ is itself).
-    package = found.source_package or sys.modules[type(found).__module__].__package__
+    """sha256 of exactly the code that shapes a family's binaries: its builder module and every
+    module the builder imports from its own package, transitively, plus the key module (symbol
+    names are in every binary). The family's pure-Python module (dispatch rule, tuned tables) is
+    left out: a table tweak changes which key a problem asks for, never a key's binary, so it must
+    not make deployed bundles stale. Files are read, never imported: no cutlass on servers."""
     digest = hashlib.sha256()
-    folder = resources.files(package)
-    for item in sorted(folder.iterdir(), key=lambda entry: entry.name):
-        if item.is_file() and item.name.endswith((".py", ".json")):
-            digest.update(item.name.encode() + b"\0" + item.read_bytes() + b"\0")
+    for module in binary_modules(name):
+        digest.update(module.encode() + b"\0" + _module_source(module) + b"\0")
     return digest.hexdigest()
+
+
+def binary_modules(name: str) -> list[str]:
+    """The modules whose source is in `source_hash(name)`, sorted."""
+    found = family(name)
+    own_module = type(found).__module__
+    root = found.builder.split(".")[0]
+    seen, todo = {KEY_MODULE}, [found.builder]
+    while todo:
+        module = todo.pop()
+        if module in seen or module == own_module:
+            continue
+        seen.add(module)
+        todo += _imports(module, root)
+    return sorted(seen)
+
+
+KEY_MODULE = "cute_aot.kernels.keys"
+
+
+def _module_file(module: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _module_source(module: str) -> bytes:
+    origin = _module_file(module)
+    return Path(origin).read_bytes() if origin else b"<absent>"
+
+
+def _imports(module: str, root: str) -> list[str]:
+    """Modules of package `root` that `module` imports (absolute names; `from a import b` gives
+    a.b when that is a module), read from its source with ast. Other packages are never looked
+    up: finding `cutlass.x` would import cutlass."""
+    origin = _module_file(module)
+    if origin is None or not origin.endswith(".py"):
+        return []
+    tree = ast.parse(Path(origin).read_bytes(), origin)
+    package = module if origin.endswith("__init__.py") else module.rpartition(".")[0]
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names.append(base)
+            # `from package import module`: look submodules up in packages only (finding
+            # `module.name` would import `module`)
+            if base.split(".")[0] == root and (_module_file(base) or "").endswith("__init__.py"):
+                names += [f"{base}.{alias.name}" for alias in node.names
+                          if _module_file(f"{base}.{alias.name}")]  # fmt: skip
+    return [name for name in names if name.split(".")[0] == root]
 
 
 def family_facts(name: str) -> dict:

@@ -185,12 +185,18 @@ class Registry:
         bundle = self.overlay_bundles.get(slot)
         if bundle is None:
             path = overlay.overlay_path(key, arch)
-            if not path.is_file():
+            found = overlay.identity(path)
+            if found is None:
                 return None
             try:
                 bundle = open_bundle(path, arch)
             except BundleError as exc:  # a damaged overlay entry is a miss, never a crash
-                warn_once(("overlay-bad", str(path)), f"ignoring overlay entry: {exc}")
+                moved = overlay.set_aside(path, found)  # so that this miss's JIT can replace it
+                warn_once(
+                    ("overlay-bad", str(path)),
+                    f"ignoring overlay entry: {exc}"
+                    + ("; set aside for replacement" if moved else ""),
+                )
                 return None
             self.overlay_bundles[slot] = bundle
         return bundle.function(key.id)

@@ -154,8 +154,10 @@ def test_default_jobs_is_cores_bounded_by_memory(monkeypatch):
 
 
 def test_available_memory_reads_this_machine():
+    """Linux has /proc/meminfo: None here would mean the parsing broke."""
     memory = compile_pool.available_memory()
-    assert memory is None or memory > 0
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert isinstance(memory, int) and 0 < memory <= physical
 
 
 # -- parallel compile, failures ------------------------------------------------------------------
@@ -291,6 +293,31 @@ def test_corrupt_cache_entry_is_a_miss_and_is_healed(tmp_path, compile_log):
     third = BuildCache(tmp_path / "cache")
     run_build(plan, tmp_path / "c", cache=third, jobs=1, show_progress=False, worker=fake_compile)
     assert third.hits == 1 and len(compile_log()) == 2
+
+
+def test_a_record_never_describes_other_data_under_two_writers(tmp_path, monkeypatch):
+    """Writer A publishes its data; before A's record, writer B (other bytes, same digest) runs
+    whole. Whoever's record lands, it must describe the data that is there."""
+    from cute_aot.aot import build_cache as module
+
+    cache = BuildCache(tmp_path)
+    digest = "ab" * 32
+    real_publish = module.publish_once
+    interleaved = []
+
+    def publish_then_let_b_run(path, data, *args):
+        won = real_publish(path, data, *args)
+        if path.suffix == ".o" and not interleaved:  # A's data is in place: B runs now
+            interleaved.append(True)
+            cache._put("objects", digest, ".o", b"writer B's bytes", {"writer": "B"})
+        return won
+
+    monkeypatch.setattr(module, "publish_once", publish_then_let_b_run)
+    cache._put("objects", digest, ".o", b"writer A's bytes", {"writer": "A"})
+    data, record = cache._get("objects", digest, ".o")
+    assert interleaved == [True]
+    assert data == b"writer A's bytes" and record["writer"] == "A"
+    assert record["sha256"] == hashlib.sha256(data).hexdigest()
 
 
 def test_unwritable_cache_never_fails_the_build(tmp_path):

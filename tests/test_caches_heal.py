@@ -1,0 +1,140 @@
+"""Caches heal: a refused overlay entry is replaced, not served around forever; the overlay's
+fingerprint covers everything that changes an entry's bytes; sources hash exactly what shapes a
+binary."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cute_aot import kernels
+from cute_aot.artifacts.atomic import publish_once
+from cute_aot.kernels import family
+from cute_aot.runtime import REGISTRY, jit, overlay
+
+ARCH = "sm_90a"
+ROUTER = family("router_gemm")
+MISS_KEY = ROUTER.dispatch(ROUTER.parse_problem("1,2880,128"), ARCH).key  # not in any bundle
+
+
+def test_a_refused_entry_is_set_aside_and_replaced(fresh_runtime):
+    path = overlay.overlay_path(MISS_KEY, ARCH)
+    assert publish_once(path, b"a damaged or foreign entry")
+    assert overlay.publish(MISS_KEY, ARCH, b"the new entry")
+    assert path.read_bytes() == b"the new entry"
+    (aside,) = path.parent.glob(f"*{overlay.REFUSED_MARK}*")
+    assert aside.read_bytes() == b"a damaged or foreign entry"
+
+
+def test_a_good_entry_still_wins(fresh_runtime, monkeypatch):
+    from cute_aot.runtime import loader
+
+    path = overlay.overlay_path(MISS_KEY, ARCH)
+    assert publish_once(path, b"the first publisher's entry")
+    monkeypatch.setattr(loader, "verify_bundle", lambda path, arch: None)  # it verifies
+    assert not overlay.publish(MISS_KEY, ARCH, b"a later one")
+    assert path.read_bytes() == b"the first publisher's entry"
+
+
+def test_set_aside_leaves_a_file_that_replaced_the_refused_one(fresh_runtime):
+    path = overlay.overlay_path(MISS_KEY, ARCH)
+    publish_once(path, b"refused")
+    refused = overlay.identity(path)
+    path.unlink()
+    publish_once(path, b"someone else's good entry")
+    assert not overlay.set_aside(path, refused)
+    assert path.read_bytes() == b"someone else's good entry"
+
+
+def test_overlay_fingerprint_covers_what_changes_the_bytes(fresh_runtime, monkeypatch):
+    base = overlay.fingerprint("router_gemm")
+    assert base == overlay.fingerprint("router_gemm")
+    facts = kernels.family_facts("router_gemm")
+    for changed in ({**facts, "abi": []}, {**facts, "version": 99}):
+        monkeypatch.setattr(overlay, "family_facts", lambda name, changed=changed: changed)
+        assert overlay.fingerprint("router_gemm") != base
+    monkeypatch.undo()
+    monkeypatch.setattr(overlay, "packer_code_digest", lambda: "other packer or format version")
+    assert overlay.fingerprint("router_gemm") != base
+
+
+def test_packer_digest_changes_with_the_format_version(monkeypatch):
+    from cute_aot.artifacts import fingerprints
+
+    fingerprints.packer_code_digest.cache_clear()
+    base = fingerprints.packer_code_digest()
+    monkeypatch.setattr(fingerprints, "FORMAT_VERSION", 99)
+    fingerprints.packer_code_digest.cache_clear()
+    try:
+        assert fingerprints.packer_code_digest() != base
+    finally:
+        fingerprints.packer_code_digest.cache_clear()
+
+
+def _source_hash_with(monkeypatch, module, suffix=b"\n# changed\n"):
+    real = kernels._module_source
+    monkeypatch.setattr(
+        kernels, "_module_source", lambda name: real(name) + (suffix if name == module else b"")
+    )
+    kernels.source_hash.cache_clear()
+    try:
+        return kernels.source_hash("router_gemm")
+    finally:
+        monkeypatch.undo()
+        kernels.source_hash.cache_clear()
+
+
+def test_source_hash_covers_the_code_that_shapes_binaries_and_nothing_else(monkeypatch):
+    base = kernels.source_hash("router_gemm")
+    modules = kernels.binary_modules("router_gemm")
+    assert modules == [
+        "cute_aot.kernels.keys",
+        "cute_aot.kernels.router_gemm.build",
+        "cute_aot.kernels.router_gemm.dot_product",
+        "cute_aot.kernels.router_gemm.split_k",
+    ]
+    for module in modules:
+        assert _source_hash_with(monkeypatch, module) != base, module
+    # the dispatch rule and its tuned tables choose keys; they never change a key's binary
+    assert _source_hash_with(monkeypatch, "cute_aot.kernels.router_gemm") == base
+    assert kernels.source_hash("router_gemm") == base
+
+
+def test_source_hash_imports_no_cutlass():
+    script = (
+        "import sys; from cute_aot.kernels import source_hash; source_hash('router_gemm'); "
+        "print(any(m.split('.')[0] == 'cutlass' for m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_a_damaged_overlay_entry_is_replaced_and_used_by_the_next_process(fresh_runtime):
+    path = overlay.overlay_path(MISS_KEY, ARCH)
+    publish_once(path, b"damaged")
+    before = jit.compile_count
+    with pytest.warns(RuntimeWarning, match="ignoring overlay entry.*set aside"):
+        REGISTRY.resolve(MISS_KEY, ARCH, {"m": 1, "k": 2880, "n": 128})
+    assert jit.compile_count == before + 1
+    assert path.read_bytes() != b"damaged" and path.read_bytes().startswith(b"CUTEAOT")
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from cute_aot.kernels import family
+        from cute_aot.runtime import REGISTRY, jit
+        router = family("router_gemm")
+        key = router.dispatch(router.parse_problem("1,2880,128"), "{ARCH}").key
+        function = REGISTRY.resolve(key, "{ARCH}")
+        print(json.dumps({{"compiles": jit.compile_count, "type": type(function).__name__,
+                           "cutlass": any(m.split(".")[0] == "cutlass" for m in sys.modules)}}))
+        """
+    )
+    env = {"CUTE_AOT_CACHE_DIR": str(fresh_runtime), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"compiles": 0, "type": "Function", "cutlass": False}
