@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -38,10 +39,13 @@ from cute_aot.aot.compile_pool import default_jobs
 from cute_aot.aot.report import print_summary, report_path, write_report
 from cute_aot.aot.shard import Shard
 from cute_aot.artifacts import signing
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.errors import CuteAotError, KeyFileError
 from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 from cute_aot.kernels.contract import Shape
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
 
@@ -156,7 +160,7 @@ def plan_from_misses(
     Misses this machine cannot build (a family not installed here, an architecture the family
     is not built for, a key of another family version) are skipped, and said so per family.
     """
-    from cute_aot.runtime.misses import read_misses  # imports torch: only when asked for
+    from cute_aot.artifacts.miss_log import read_misses
 
     wanted_archs = {normalize_arch(arch) for arch in archs}
     installed = families()
@@ -200,9 +204,47 @@ class Output:
     cache_dir: Path | None
     no_cache: bool
     quiet: bool
+    sign_key: Path | None  # signs the bundles written
+    cache_sign_key: Path | None  # signs the build cache records published
+    cache_trusted_keys: str | None  # cache entries used only when signed by one of these
 
     def cache(self) -> BuildCache | None:
-        return None if self.no_cache else BuildCache(self.cache_dir or default_cache_root())
+        """The build cache with this command's trust settings; keys are read here, before any
+        compile, so a bad key file fails the command at once (KeyFileError)."""
+        if self.no_cache:
+            if self.cache_sign_key or self.cache_trusted_keys:
+                raise click.UsageError(
+                    "--cache-sign-key and --cache-trusted-keys need the build cache: "
+                    "leave out --no-cache"
+                )
+            return None
+        sign_key = signing.load_private_key(self.cache_sign_key) if self.cache_sign_key else None
+        return BuildCache(
+            self.cache_dir or default_cache_root(),
+            sign_key=sign_key,
+            trusted_keys=_cache_trusted_keys(self.cache_trusted_keys),
+        )
+
+    def bundle_signer(self) -> Ed25519PrivateKey | None:
+        return signing.load_private_key(self.sign_key) if self.sign_key else None
+
+
+def _cache_trusted_keys(spec: str | None) -> dict[str, signing.TrustedKey] | None:
+    """The keys of --cache-trusted-keys (None: not given, every intact entry is used)."""
+    if spec is None:
+        return None
+    keys = signing.trusted_keys(spec)  # a name that is not there or not a key raises
+    if not keys:
+        # Trusting no key would refuse every entry: surely a wrong folder, not a wish.
+        raise KeyFileError(spec, "--cache-trusted-keys names no public key (*.pem, *.pub)")
+    return keys
+
+
+def sign_bundles(console: Console, paths: list[Path], private_key: Ed25519PrivateKey) -> None:
+    """Sign written bundles in place: the one signing step of `aot-build` and `merge`."""
+    for path in paths:
+        signed = signing.sign_bundle(path, private_key)
+        console.print(f"signed {path} ({signing.ALGORITHM} key {signed.signature['key_id']})")
 
 
 OUTPUT_OPTIONS = (
@@ -226,6 +268,27 @@ OUTPUT_OPTIONS = (
         help="Build cache folder (default: $CUTE_AOT_CACHE_DIR/build or ~/.cache/cute-aot/build).",
     ),
     click.option("--no-cache", is_flag=True, help="Neither read nor fill the build cache."),
+    click.option(
+        "--cache-sign-key",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="Sign every record this build publishes to the build cache with this ed25519 "
+        "private key (PEM), for builds that pass --cache-trusted-keys.",
+    ),
+    click.option(
+        "--cache-trusted-keys",
+        metavar="PATH",
+        default=None,
+        help="Use build cache entries only when signed by one of these ed25519 public keys "
+        "(PEM files or folders, ':'-separated, as CUTE_AOT_TRUSTED_KEYS); others are "
+        "built afresh. For release builds from a shared cache.",
+    ),
+    click.option(
+        "--sign-key",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="Sign the bundles' manifests with this ed25519 private key (PEM).",
+    ),
     click.option("--quiet", is_flag=True, help="No progress bar or summary table."),
 )
 
@@ -234,8 +297,28 @@ def output_options(command):
     """Add OUTPUT_OPTIONS to a command; it receives them as one `output: Output` argument."""
 
     @functools.wraps(command)
-    def with_output(*args, out_dir, allow_failures, cache_dir, no_cache, quiet, **kwargs):
-        output = Output(out_dir, allow_failures, cache_dir, no_cache, quiet)
+    def with_output(
+        *args,
+        out_dir,
+        allow_failures,
+        cache_dir,
+        no_cache,
+        cache_sign_key,
+        cache_trusted_keys,
+        sign_key,
+        quiet,
+        **kwargs,
+    ):
+        output = Output(
+            out_dir,
+            allow_failures,
+            cache_dir,
+            no_cache,
+            quiet,
+            sign_key=sign_key,
+            cache_sign_key=cache_sign_key,
+            cache_trusted_keys=cache_trusted_keys,
+        )
         return command(*args, output=output, **kwargs)
 
     for option in reversed(OUTPUT_OPTIONS):
@@ -245,6 +328,16 @@ def output_options(command):
 
 def _console() -> Console:
     return Console(stderr=True, soft_wrap=True)
+
+
+def _describe_cache_use(cache: BuildCache) -> str:
+    """`build cache: 3 objects reused, 2 not found, 1 entry refused as untrusted`"""
+    line = f"build cache: {cache.hits} objects reused, {cache.misses} not found"
+    if cache.trusted_keys is None:
+        return line
+    refused = f"{cache.untrusted} {'entry' if cache.untrusted == 1 else 'entries'}"
+    refused += " refused as untrusted"
+    return f"{line}, [yellow]{refused}[/yellow]" if cache.untrusted else f"{line}, {refused}"
 
 
 def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shard=None):
@@ -257,6 +350,8 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     )
     if not output.quiet:
         print_summary(console, outcome)
+    if cache:
+        console.print(_describe_cache_use(cache))
     if cache and cache.write_error:
         console.print(f"[yellow]build cache off:[/yellow] {escape(cache.write_error)}")
     for path in outcome.bundles:
@@ -356,12 +451,6 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     is_flag=True,
     help="Then build again from scratch (no cache) and require byte-identical bundles.",
 )
-@click.option(
-    "--sign-key",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Sign the bundles' manifests with this ed25519 private key (PEM).",
-)
 @output_options
 @click.pass_context
 def main(
@@ -378,7 +467,6 @@ def main(
     misses_file,
     shard,
     check_reproducible,
-    sign_key,
     output: Output,
 ):
     """Cross-compile CuTe DSL kernels on this (CPU-only) machine: one bundle per architecture."""
@@ -391,6 +479,8 @@ def main(
         raise click.UsageError("--from-misses builds exactly the logged keys: no --shape/--model")
     console = _console()
     try:
+        bundle_signer = output.bundle_signer()  # read first: a bad key fails before compiling
+        cache = output.cache()
         if misses_file:
             plan = keys_by_arch(plan_from_misses(misses_file, archs, families, console))
         else:
@@ -399,7 +489,6 @@ def main(
             )
             plan = keys_by_arch(build_plan)
             _say_archs_without_keys(console, build_plan.archs, plan)
-        cache = output.cache()
         _announce(console, plan, shard, cache)
         kwargs = {"bundle_version": bundle_version} if bundle_version else {}
 
@@ -426,11 +515,8 @@ def main(
                 f"reproducible: a clean rebuild wrote {len(outcome.bundles)} byte-identical "
                 f"bundles ({time.perf_counter() - started:.1f} s)"
             )
-        if sign_key:  # last: the reproducibility check compares unsigned builds
-            private_key = signing.load_private_key(sign_key)
-            for path in outcome.bundles:
-                signed = signing.sign_bundle(path, private_key)
-                console.print(f"signed {path} (ed25519 key {signed.signature['key_id']})")
+        if bundle_signer:  # last: the reproducibility check compares unsigned builds
+            sign_bundles(console, outcome.bundles, bundle_signer)
     except CuteAotError as exc:
         console.print(f"[red]aot-build failed:[/red] {escape(str(exc))}")
         sys.exit(1)
@@ -533,19 +619,32 @@ def _announce(console: Console, plan: dict[str, list], shard: Shard | None, cach
     if shard:
         line += f"; shard {shard} builds {len(shard.select(list(range(total))))} of them"
     line += f"; build cache {cache.root}" if cache else "; build cache off"
+    if cache and cache.trusted_keys is not None:
+        line += f" (entries signed by {len(cache.trusted_keys)} trusted key(s) only)"
+    if cache and cache.sign_key is not None:
+        line += "; signing its records"
     console.print(line)
 
 
 def _refuse_build_options(ctx: click.Context) -> None:
     given = [
-        param.opts[0]
+        param
         for param in ctx.command.params
         if ctx.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT
     ]
-    if given:
-        raise click.UsageError(
-            f"{', '.join(given)} belong to the build, not to `{ctx.invoked_subcommand}`"
-        )
+    if not given:
+        return
+    sub = ctx.invoked_subcommand
+    sub_command = (
+        ctx.command.get_command(ctx, sub) if isinstance(ctx.command, click.Group) else None
+    )
+    sub_names = {param.name for param in sub_command.params} if sub_command else set()
+    misplaced = [param.opts[0] for param in given if param.name in sub_names]
+    if misplaced:  # e.g. `aot-build --sign-key K merge ...`: merge takes it, after its name
+        raise click.UsageError(f"{', '.join(misplaced)}: write them after `{sub}`")
+    raise click.UsageError(
+        f"{', '.join(param.opts[0] for param in given)} belong to the build, not to `{sub}`"
+    )
 
 
 @main.command("merge")
@@ -556,11 +655,14 @@ def merge_command(shards, output: Output):
     byte-identical to an unsharded build."""
     console = _console()
     try:
+        bundle_signer = output.bundle_signer()
         cache = output.cache()
         outcome = merge(
             list(shards), output.out_dir, cache=cache, allow_failures=output.allow_failures
         )
         _finish(console, outcome, output, cache)
+        if bundle_signer:
+            sign_bundles(console, outcome.bundles, bundle_signer)
     except CuteAotError as exc:
         console.print(f"[red]aot-build merge failed:[/red] {escape(str(exc))}")
         sys.exit(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from cute_aot.aot.link import link_library
@@ -13,9 +14,14 @@ from cute_aot.kernels import family_facts
 
 
 def pack_bundle(
-    name: str, arch: str, objects: dict, bundle_version: str = PACKAGE_VERSION
+    name: str,
+    arch: str,
+    objects: dict,
+    bundle_version: str = PACKAGE_VERSION,
+    sign: Callable[[Manifest], Manifest] | None = None,
 ) -> tuple[Manifest, bytes]:
     """objects: key -> {"object": path, "sha256": str, "size": int}. Returns (manifest, bytes).
+    `sign`: signs the finished manifest (the JIT overlay signs its entries with a local key).
 
     Keys are linked in symbol order, so the same objects always give the same bytes.
     """
@@ -50,4 +56,4 @@ def pack_bundle(
         payload={},
         entries=entries,
     )
-    return encode_bundle(manifest, library)
+    return encode_bundle(manifest, library, sign)

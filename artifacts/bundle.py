@@ -59,14 +59,19 @@ def bundle_filename(name: str, arch: str) -> str:
     return f"{name}-{arch}{BUNDLE_SUFFIX}"
 
 
-def encode_bundle(manifest: Manifest, library: bytes) -> tuple[Manifest, bytes]:
-    """Compress `library` and complete the manifest's hashes; returns the file's bytes."""
+def encode_bundle(
+    manifest: Manifest, library: bytes, sign: Callable[[Manifest], Manifest] | None = None
+) -> tuple[Manifest, bytes]:
+    """Compress `library` and complete the manifest's hashes (then `sign` it, when given: a
+    signature covers the hashes); returns the manifest and the file's bytes."""
     payload = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(library)
     manifest = replace(
         manifest,
         library={"sha256": sha256(library), "size": len(library)},
         payload={"codec": "zstd", "sha256": sha256(payload), "size": len(payload)},
     )
+    if sign is not None:
+        manifest = sign(manifest)
     return manifest, _container(manifest, payload)
 
 

@@ -1,23 +1,44 @@
-"""Read what the dynamic loader would act on in an ELF shared library, from bytes, without loading.
+"""The one ELF reader: 64-bit little-endian files, from bytes, without loading anything.
 
-A bundle's library is checked before any dlopen: which machine it is for, which libraries it
-needs (DT_NEEDED), any search path baked into it (DT_RPATH/DT_RUNPATH) and which functions it
-exports. Only the program headers and the dynamic segment are read, as the loader does; section
-headers (which the loader ignores and a hostile file could make lie) are not. 64-bit
-little-endian only: every platform we build for. Every offset is bounds-checked, so hostile bytes
-end in ElfError, never in IndexError or struct.error.
+Two views of a file, as the two programs that read ELF see it:
+
+- read_dynamic: what the dynamic loader acts on in a shared library (a bundle's library, checked
+  before any dlopen): machine, needed libraries (DT_NEEDED), baked-in search paths
+  (DT_RPATH/DT_RUNPATH), exported functions and needed symbol versions. Only the program headers
+  and the dynamic segment are read, as the loader does; section headers (which the loader
+  ignores and a hostile file could make lie) are not.
+- read_sections: what a linker reads in an object file (a build's exported kernel): sections and
+  their symbols, e.g. to find the fatbin a CuTe DSL export holds (artifacts/fatbin.py).
+
+64-bit little-endian only: every platform we build for. Every offset is bounds-checked, so
+hostile bytes end in ElfError, never in IndexError or struct.error.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from cute_aot.artifacts.errors import ElfError
+
+__all__ = [
+    "DynamicInfo",
+    "ElfError",
+    "ElfSections",
+    "Section",
+    "Symbol",
+    "read_dynamic",
+    "read_sections",
+]
 
 ELF_MAGIC = b"\x7fELF"
 MACHINES = {62: "x86_64", 183: "aarch64"}
 
 _HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
 _PROGRAM_HEADER = struct.Struct("<IIQQQQQQ")
+_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
 _DYNAMIC = struct.Struct("<qQ")
 _SYMBOL = struct.Struct("<IBBHQQ")
 _U32 = struct.Struct("<I")
@@ -29,16 +50,42 @@ PT_LOAD, PT_DYNAMIC = 1, 2
 DT_NULL, DT_NEEDED, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_SYMENT = 0, 1, 4, 5, 6, 10, 11
 DT_SONAME, DT_RPATH, DT_RUNPATH, DT_GNU_HASH = 14, 15, 29, 0x6FFFFEF5
 DT_VERNEED, DT_VERNEEDNUM = 0x6FFFFFFE, 0x6FFFFFFF
+SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS, SHT_DYNSYM = 2, 3, 8, 11
 STT_FUNC, STB_GLOBAL, STB_WEAK, SHN_UNDEF = 2, 1, 2, 0
 STV_DEFAULT, STV_PROTECTED = 0, 3
 MAX_PROGRAM_HEADERS = 4096  # real libraries have about ten
+MAX_SECTIONS = 65280  # SHN_LORESERVE: more needs extended numbering, which no export of ours uses
 MAX_VERSION_RECORDS = 4096  # bounds the version-need walk (its offsets could form a loop)
 
 
-class ElfError(ValueError):
-    """The bytes are not a well-formed 64-bit little-endian ELF shared library."""
+class _Header(NamedTuple):
+    ident: bytes
+    type: int
+    machine: int
+    version: int
+    entry: int
+    phoff: int
+    shoff: int
+    flags: int
+    ehsize: int
+    phentsize: int
+    phnum: int
+    shentsize: int
+    shnum: int
+    shstrndx: int
 
 
+def _header(view: memoryview) -> _Header:
+    """The file header, after checking that this is ELF in the one flavour we read."""
+    if len(view) < _HEADER.size or bytes(view[:4]) != ELF_MAGIC:
+        raise ElfError("not an ELF file (bad magic)")
+    header = _Header(*_HEADER.unpack_from(view))
+    if header.ident[4] != ELFCLASS64 or header.ident[5] != ELFDATA2LSB:
+        raise ElfError("not a 64-bit little-endian ELF file")
+    return header
+
+
+# -- the loader's view: program headers and the dynamic segment ----------------------------------
 @dataclass(frozen=True)
 class DynamicInfo:
     machine: str  # "x86_64", "aarch64", or "EM_<number>" for others
@@ -53,13 +100,9 @@ class DynamicInfo:
 def read_dynamic(data: bytes) -> DynamicInfo:
     """The dynamic-linking facts of a shared library's bytes; ElfError when malformed."""
     view = memoryview(data)
-    if len(view) < _HEADER.size or bytes(view[:4]) != ELF_MAGIC:
-        raise ElfError("not an ELF file (bad magic)")
-    ident, e_type, e_machine, _v, _entry, phoff, _shoff, _flags, _ehsize, phentsize, phnum = (
-        _HEADER.unpack_from(view)[:11]
-    )
-    if ident[4] != ELFCLASS64 or ident[5] != ELFDATA2LSB:
-        raise ElfError("not a 64-bit little-endian ELF file")
+    header = _header(view)
+    e_type, e_machine = header.type, header.machine
+    phoff, phentsize, phnum = header.phoff, header.phentsize, header.phnum
     if e_type != ET_DYN:
         raise ElfError(f"not a shared library (ELF type {e_type})")
     if phentsize != _PROGRAM_HEADER.size or not 0 < phnum <= MAX_PROGRAM_HEADERS:
@@ -206,3 +249,89 @@ def _needed_versions(view: memoryview, loads, tags: dict[int, list[int]], string
             entry += next_aux
         record += following
     return {file: tuple(names) for file, names in versions.items()}
+
+
+# -- the linker's view: sections and their symbols -----------------------------------------------
+@dataclass(frozen=True)
+class Section:
+    index: int
+    name: str
+    kind: int  # SHT_*
+    offset: int
+    size: int
+    link: int  # for a symbol table: the index of its string table
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    value: int  # in an object file: the offset inside its section
+    size: int
+    section_index: int  # SHN_UNDEF (0) when undefined
+    binding: int  # 0 local, 1 global, 2 weak
+
+
+class ElfSections:
+    """Sections and symbols of an ELF file held in memory (object files: what a linker reads)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        view = self._view = memoryview(data)
+        header = _header(view)
+        count = header.shnum
+        if count and header.shentsize != _SECTION_HEADER.size:
+            raise ElfError(f"unexpected section header size {header.shentsize}")
+        if count > MAX_SECTIONS:
+            raise ElfError(f"{count} sections")
+        _span(view, header.shoff, count * _SECTION_HEADER.size)
+        raw = [
+            _SECTION_HEADER.unpack_from(view, header.shoff + i * _SECTION_HEADER.size)
+            for i in range(count)
+        ]
+        names = raw[header.shstrndx] if header.shstrndx < count else None
+        self.sections: list[Section] = []
+        for index, (name, kind, _flags, _addr, offset, size, link, *_) in enumerate(raw):
+            if kind != SHT_NOBITS:  # .bss occupies no bytes of the file: nothing to bound
+                _span(view, offset, size)
+            label = self._string(names[4], names[5], name) if names else ""
+            self.sections.append(Section(index, label, kind, offset, size, link))
+
+    def _string(self, table_offset: int, table_size: int, offset: int) -> str:
+        """A NUL-terminated string of the string table at [table_offset, +table_size)."""
+        _span(self._view, table_offset, table_size)
+        if offset >= table_size:
+            raise ElfError(f"string offset {offset} outside its {table_size}-byte string table")
+        end = self.data.find(b"\0", table_offset + offset, table_offset + table_size)
+        if end < 0:
+            raise ElfError("unterminated string in a string table")
+        return bytes(self._view[table_offset + offset : end]).decode(errors="replace")
+
+    def section(self, name: str) -> Section | None:
+        return next((s for s in self.sections if s.name == name), None)
+
+    def section_bytes(self, section: Section) -> bytes:
+        if section.kind == SHT_NOBITS:
+            raise ElfError(f"section {section.name!r} holds no bytes in the file")
+        return _bytes(self._view, section.offset, section.size)
+
+    def symbols(self, kind: int = SHT_SYMTAB) -> Iterator[Symbol]:
+        """Every symbol of the symbol tables of this kind (SHT_SYMTAB or SHT_DYNSYM)."""
+        for table in (s for s in self.sections if s.kind == kind):
+            if not 0 <= table.link < len(self.sections):
+                raise ElfError(f"symbol table {table.name!r} links to no string table")
+            strings = self.sections[table.link]
+            for position in range(table.offset, table.offset + table.size - _SYMBOL.size + 1,
+                                  _SYMBOL.size):  # fmt: skip
+                name, info, _other, shndx, value, size = _SYMBOL.unpack_from(self._view, position)
+                yield Symbol(
+                    self._string(strings.offset, strings.size, name), value, size, shndx, info >> 4
+                )
+
+
+def read_sections(data: bytes) -> ElfSections:
+    """The section view of an ELF file's bytes; ElfError when malformed."""
+    return ElfSections(data)
+
+
+def _bytes(view: memoryview, offset: int, size: int) -> bytes:
+    return bytes(view[_span(view, offset, size) : offset + size])

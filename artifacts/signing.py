@@ -10,6 +10,10 @@ Keys are PEM files (`openssl genpkey -algorithm ed25519`). A key id is the first
 sha256 of the raw 32-byte public key, in hex. Trust comes from the environment:
 CUTE_AOT_TRUSTED_KEYS lists PEM public key files or folders of them (separated like PATH), and
 CUTE_AOT_REQUIRE_SIGNATURE=1 makes the runtime refuse bundles not signed by one of them.
+
+The same keys and signature record also vouch for build cache records (`aot-build
+--cache-sign-key` / `--cache-trusted-keys`), under a domain tag of their own: a signature made for
+one purpose never verifies for another.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ TRUSTED_KEYS_ENV = "CUTE_AOT_TRUSTED_KEYS"
 REQUIRE_SIGNATURE_ENV = "CUTE_AOT_REQUIRE_SIGNATURE"
 # Binds a signature to its purpose: these bytes can never be mistaken for another signed message.
 DOMAIN = b"cute-aot bundle manifest\0"
+CACHE_RECORD_DOMAIN = b"cute-aot build cache record\0"
 KEY_FILE_SUFFIXES = (".pem", ".pub")
 MAX_KEY_FILE_BYTES = 1 << 20
 
@@ -142,6 +147,56 @@ def signature_required() -> bool:
 
 
 # -- signing and verifying ----------------------------------------------------------------------
+def signature_record(message: bytes, private_key: Ed25519PrivateKey) -> dict[str, str]:
+    """{"algorithm", "key_id", "value"}: the signature of `message` (which carries its domain)."""
+    value = private_key.sign(message).hex()
+    return {
+        "algorithm": ALGORITHM,
+        "key_id": public_key_id(private_key.public_key()),
+        "value": value,
+    }
+
+
+def verify_record(
+    record: object,
+    message: bytes,
+    trusted: Mapping[str, TrustedKey],
+    path="<manifest>",
+    *,
+    what: str = "bundle",
+    trust_source: str = TRUSTED_KEYS_ENV,
+) -> TrustedKey:
+    """The trusted key whose signature `record` is over `message`; SignatureError if the record
+    is missing, malformed, by a key not in `trusted` (said to come from `trust_source`), or
+    does not verify. `what` names the signed thing in messages."""
+    from cryptography.exceptions import InvalidSignature
+
+    if record is None:
+        raise SignatureError(path, f"{what} is not signed")
+    if (
+        not isinstance(record, dict)
+        or set(record) != {"algorithm", "key_id", "value"}
+        or record.get("algorithm") != ALGORITHM
+    ):
+        raise SignatureError(path, f"unsupported or malformed signature record {record!r:.200}")
+    key_id, value = record["key_id"], record["value"]
+    if not isinstance(key_id, str) or not isinstance(value, str) or not _VALUE_RE.match(value):
+        raise SignatureError(path, "malformed signature record (key id or value)")
+    key = trusted.get(key_id)
+    if key is None:
+        where = (
+            f"{trust_source} has {len(trusted)} key(s)" if trusted else f"{trust_source} is empty"
+        )
+        raise SignatureError(path, f"signed by {ALGORITHM} key {key_id:.40}, not trusted ({where})")
+    try:
+        key.public_key.verify(bytes.fromhex(value), message)
+    except InvalidSignature:
+        raise SignatureError(
+            path, f"signature by {ALGORITHM} key {key_id} does not match the {what} (tampered?)"
+        ) from None
+    return key
+
+
 def signed_bytes(manifest: Manifest) -> bytes:
     """The exact bytes a signature covers."""
     return DOMAIN + replace(manifest, signature=None).to_json()
@@ -149,9 +204,7 @@ def signed_bytes(manifest: Manifest) -> bytes:
 
 def sign_manifest(manifest: Manifest, private_key: Ed25519PrivateKey) -> Manifest:
     """The manifest with its signature (any previous one replaced)."""
-    value = private_key.sign(signed_bytes(manifest)).hex()
-    key_id = public_key_id(private_key.public_key())
-    return replace(manifest, signature={"algorithm": ALGORITHM, "key_id": key_id, "value": value})
+    return replace(manifest, signature=signature_record(signed_bytes(manifest), private_key))
 
 
 def sign_bundle(path: str | os.PathLike, private_key: Ed25519PrivateKey) -> Manifest:
@@ -175,32 +228,51 @@ def verify_signature(
 ) -> TrustedKey:
     """The trusted key that signed this manifest; SignatureError if it is unsigned, signed by
     a key not in `trusted` (default: CUTE_AOT_TRUSTED_KEYS), malformed, or does not verify."""
-    from cryptography.exceptions import InvalidSignature
-
     trusted = trusted_keys() if trusted is None else trusted
-    record = manifest.signature
-    if record is None:
+    if manifest.signature is None:
         raise SignatureError(path, "bundle is not signed")
-    if set(record) != {"algorithm", "key_id", "value"} or record.get("algorithm") != ALGORITHM:
-        raise SignatureError(path, f"unsupported or malformed signature record {record!r:.200}")
-    key_id, value = record["key_id"], record["value"]
-    if not isinstance(key_id, str) or not isinstance(value, str) or not _VALUE_RE.match(value):
-        raise SignatureError(path, "malformed signature record (key id or value)")
-    key = trusted.get(key_id)
-    if key is None:
-        where = (
-            f"{TRUSTED_KEYS_ENV} has {len(trusted)} key(s)"
-            if trusted
-            else f"{TRUSTED_KEYS_ENV} is empty"
-        )
-        raise SignatureError(path, f"signed by {ALGORITHM} key {key_id:.40}, not trusted ({where})")
-    try:
-        key.public_key.verify(bytes.fromhex(value), signed_bytes(manifest))
-    except InvalidSignature:
-        raise SignatureError(
-            path, f"signature by {ALGORITHM} key {key_id} does not match the manifest (tampered?)"
-        ) from None
-    return key
+    return verify_record(manifest.signature, signed_bytes(manifest), trusted, path, what="manifest")
+
+
+# -- build cache records ------------------------------------------------------------------------
+def cache_record_bytes(kind: str, digest: str, record: Mapping) -> bytes:
+    """The exact bytes a cache record's signature covers: the record (its data's sha256 and
+    size, and for objects the key and report row) bound to the slot it answers, `kind` and
+    `digest`, so a signed record cannot be replayed for other inputs. Canonical JSON of the
+    record as it reads back from its file, so writer and reader serialise the same bytes."""
+    import json
+
+    unsigned = {name: value for name, value in record.items() if name != "signature"}
+    document = {"kind": kind, "digest": digest, "record": json.loads(json.dumps(unsigned))}
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return CACHE_RECORD_DOMAIN + canonical.encode()
+
+
+def sign_cache_record(
+    kind: str, digest: str, record: Mapping, private_key: Ed25519PrivateKey
+) -> dict:
+    """The record with its `signature` field (any previous one replaced)."""
+    unsigned = {name: value for name, value in record.items() if name != "signature"}
+    message = cache_record_bytes(kind, digest, unsigned)
+    return {**unsigned, "signature": signature_record(message, private_key)}
+
+
+def verify_cache_record(
+    kind: str,
+    digest: str,
+    record: Mapping,
+    trusted: Mapping[str, TrustedKey],
+    path="<cache record>",
+) -> TrustedKey:
+    """The trusted key that signed this cache record; SignatureError otherwise."""
+    return verify_record(
+        record.get("signature"),
+        cache_record_bytes(kind, digest, record),
+        trusted,
+        path,
+        what="cache record",
+        trust_source="--cache-trusted-keys",
+    )
 
 
 def describe_signature(

@@ -4,6 +4,9 @@ read_bundle already vouches for the bytes (hashes, sizes, field formats). These 
 the meaning: every entry's key re-derives its id and symbol (so a key can never be served by a
 kernel built for another key), every entry's function is exported by the library, and the library
 asks the loader for nothing beyond what we allow (no other libraries, no baked-in search paths).
+
+The bundle format sits below the kernel families: which key class a family uses is asked of the
+caller (`key_class`), never imported from cute_aot.kernels here.
 """
 
 from __future__ import annotations
@@ -11,15 +14,20 @@ from __future__ import annotations
 import functools
 import platform
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
-from cute_aot.artifacts.elf import DynamicInfo, ElfError, read_dynamic
+from cute_aot.artifacts.elf import DynamicInfo, read_dynamic
 from cute_aot.artifacts.errors import (
     BundleFormatError,
     BundleIntegrityError,
+    ElfError,
     IncompatibleBundleError,
 )
 from cute_aot.artifacts.manifest import Entry, Manifest
+
+# family name -> its key class, or None for a family this installation does not have.
+KeyClassLookup = Callable[[str], type | None]
 
 # The exported TVM-FFI entry point of a function named `symbol` (export_to_c's naming).
 TVM_FFI_EXPORT_PREFIX = "__tvm_ffi_"
@@ -45,10 +53,14 @@ def host_machine() -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 
-def check_entries(path: Path, manifest: Manifest) -> None:
-    """Every entry's key is a well-formed key of a listed family that re-derives id and symbol."""
-    from cute_aot.kernels import families
+def check_entries(path: Path, manifest: Manifest, key_class: KeyClassLookup) -> None:
+    """Every entry's key is a well-formed key of a listed family that re-derives id and symbol.
 
+    key_class(family) gives the installed family's key class (`cute_aot.kernels.family(name).Key`)
+    or None when the family is not installed: such entries are checked for form only, since they
+    are never served (the registry's staleness check refuses unknown families). Required, so that
+    no caller skips the re-derivation by forgetting it.
+    """
     key_ids = set()
     for index, entry in enumerate(manifest.entries):
         what = f"entry {index} ({entry.family} key {entry.key_id})"
@@ -61,9 +73,9 @@ def check_entries(path: Path, manifest: Manifest) -> None:
         # family would skip that check.
         if entry.family not in manifest.families:
             raise BundleFormatError(path, f"{what}: family not listed in the manifest's families")
-        known = families().get(entry.family)
-        if known is not None:  # unknown families are never served (see stale_reasons)
-            _check_key(path, what, entry, known.Key)
+        cls = key_class(entry.family)
+        if cls is not None:
+            _check_key(path, what, entry, cls)
 
 
 @functools.cache

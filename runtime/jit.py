@@ -74,7 +74,7 @@ def _publish(compiled, key, arch: str) -> None:
 
         with tempfile.TemporaryDirectory(prefix="cute-aot-jit-") as scratch:
             row = export_object(compiled, key, scratch)
-            _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row})
+            _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row}, sign=overlay.sign)
         if overlay.publish(key, arch, bundle):
             published.append(key.id)
     except (OSError, CuteAotError) as exc:

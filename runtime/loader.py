@@ -50,6 +50,7 @@ from cute_aot.runtime.notices import warn_once
 
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
 ManifestCheck = Callable[[Path, Manifest], None]
+TrustCheck = Callable[[Path, Manifest], "signing.TrustedKey | None"]
 _GLIBC_VERSION_RE = re.compile(r"^GLIBC_(\d+)\.(\d+)(?:\.\d+)?\Z")
 # (library sha256, cache dir) -> (module, where it was loaded from): each is loaded once.
 _loaded: dict[tuple[str, str], tuple[Any, str]] = {}
@@ -243,12 +244,16 @@ def installed_key_class(family_name: str):
 
 # -- the pipeline --------------------------------------------------------------------------------
 def verify_bundle(
-    path: str | os.PathLike, gpu_arch: str | None = None, accept: ManifestCheck | None = None
+    path: str | os.PathLike,
+    gpu_arch: str | None = None,
+    accept: ManifestCheck | None = None,
+    trust: TrustCheck | None = None,
 ) -> VerifiedBundle:
     """Every check open_bundle makes, short of loading the library (also for `aot-cache verify`).
 
     `accept(path, manifest)`: the caller's own refusal (the registry's staleness rule), made on
     the manifest alone, before the payload is decompressed and long before any dlopen.
+    `trust`: the signature policy (default: check_trust, for bundles; the overlay has its own).
     Raises a BundleError subclass naming the file and the problem; KeyFileError when
     CUTE_AOT_TRUSTED_KEYS names a file that is not a key.
     """
@@ -256,7 +261,7 @@ def verify_bundle(
     signer: list[signing.TrustedKey | None] = [None]
 
     def before_payload(path: Path, manifest: Manifest) -> None:
-        signer[0] = check_trust(path, manifest)
+        signer[0] = (trust or check_trust)(path, manifest)
         check_compatible(path, manifest, gpu_arch)
         if accept is not None:
             accept(path, manifest)
@@ -270,10 +275,13 @@ def verify_bundle(
 
 
 def open_bundle(
-    path: str | os.PathLike, gpu_arch: str | None = None, accept: ManifestCheck | None = None
+    path: str | os.PathLike,
+    gpu_arch: str | None = None,
+    accept: ManifestCheck | None = None,
+    trust: TrustCheck | None = None,
 ) -> LoadedBundle:
     """Verify, check and load one bundle file. gpu_arch: the architecture it must be built for."""
-    bundle = verify_bundle(path, gpu_arch, accept)
+    bundle = verify_bundle(path, gpu_arch, accept, trust)
     manifest = bundle.manifest
     module, library_path = _load_library(bundle.path, bundle.library, manifest.library["sha256"])
     return LoadedBundle(

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from cute_aot.artifacts import toolchain
+from cute_aot.artifacts.miss_log import read_misses  # noqa: F401  (one reader of the log)
 from cute_aot.runtime import paths
 from cute_aot.runtime.notices import warn_once
 
@@ -46,16 +47,3 @@ def record_miss(key, arch: str, problem: dict) -> None:
             os.close(fd)
     except OSError as exc:
         warn_once(("miss-log", str(path)), f"cannot write the miss log {path} ({exc.strerror})")
-
-
-def read_misses(path: str | os.PathLike) -> list[dict]:
-    """Every well-formed miss line of a log (torn or foreign lines are skipped)."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and {"family", "key", "arch"} <= set(record):
-            records.append(record)
-    return records

@@ -13,21 +13,28 @@ renamed files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import uuid
 from pathlib import Path
 
-from cute_aot.artifacts import toolchain
+from cute_aot.artifacts import signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
-from cute_aot.artifacts.errors import BundleError
+from cute_aot.artifacts.errors import BundleError, SignatureError
 from cute_aot.artifacts.fingerprints import packer_code_digest
+from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import family_facts
 from cute_aot.runtime import paths
+from cute_aot.runtime.private_files import private_file
 
 REFUSED_MARK = ".refused-"  # <entry>.refused-<random>: set aside, for gc
+# The private key overlay entries are signed with. Default: a per-user key made on first use in
+# the cache dir (mode 0600). Servers that share one overlay folder share one key here, and
+# trust its public key through CUTE_AOT_TRUSTED_KEYS.
+OVERLAY_KEY_ENV = "CUTE_AOT_OVERLAY_KEY"
 
 
 def overlay_root() -> Path:
@@ -40,6 +47,9 @@ def fingerprint(family: str) -> str:
         "family": family,
         "facts": family_facts(family),
         "packer": packer_code_digest(),
+        # Servers whose overlay keys differ do not trust each other's entries: separate folders,
+        # so that they never set each other's entries aside.
+        "signer": signer_key_id(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -79,8 +89,66 @@ def publish(key, arch: str, data: bytes) -> bool:
     try:
         from cute_aot.runtime.loader import verify_bundle
 
-        verify_bundle(path, arch)
+        verify_bundle(path, arch, trust=check_trust)
         return False  # a good entry won: first wins
     except BundleError:
         set_aside(path, existing)
     return publish_once(path, data)
+
+
+# -- trust -----------------------------------------------------------------------------------------
+def signing_key_path() -> Path:
+    return Path(os.environ.get(OVERLAY_KEY_ENV) or paths.cache_dir() / "keys" / "overlay.pem")
+
+
+@functools.cache
+def _signing_key(path: Path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    if not path.exists():  # first use: make one; first writer wins, every process reads it
+        pem = Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        publish_once(path, pem, mode=0o600)
+    return signing.load_private_key(path)
+
+
+def signer_key_id() -> str:
+    return signing.public_key_id(_signing_key(signing_key_path()).public_key())
+
+
+def sign(manifest: Manifest) -> Manifest:
+    """Sign an overlay entry's manifest with the overlay key."""
+    return signing.sign_manifest(manifest, _signing_key(signing_key_path()))
+
+
+def trusted_keys() -> dict[str, signing.TrustedKey]:
+    """CUTE_AOT_TRUSTED_KEYS, plus the overlay key's public half (trusted for the overlay only)."""
+    keys = dict(signing.trusted_keys())
+    path = signing_key_path()
+    if path.exists():
+        public = _signing_key(path).public_key()
+        key_id = signing.public_key_id(public)
+        keys.setdefault(key_id, signing.TrustedKey(key_id, public, f"{path} (overlay key)"))
+    return keys
+
+
+def check_trust(path: Path, manifest: Manifest) -> signing.TrustedKey | None:
+    """The overlay's policy, stricter than a bundle's: a signed entry must verify against the
+    overlay key or a trusted key; an unsigned one (older cute-aot) is accepted only where only
+    this user could have written it, and never under CUTE_AOT_REQUIRE_SIGNATURE."""
+    if manifest.signature is not None:
+        return signing.verify_signature(manifest, trusted_keys(), path)
+    if signing.signature_required():
+        raise SignatureError(
+            path, f"unsigned overlay entry and {signing.REQUIRE_SIGNATURE_ENV} is set"
+        )
+    if not private_file(path, overlay_root()):
+        raise SignatureError(
+            path, "unsigned overlay entry in a folder other users can write: not trusted"
+        )
+    return None

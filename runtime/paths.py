@@ -7,15 +7,18 @@ from pathlib import Path
 
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 
+# The cache folder's rule is shared with the build cache (aot/), so it lives in artifacts.
+from cute_aot.artifacts.cache_dirs import CACHE_DIR_ENV, cache_dir
+
+__all__ = [
+    "BUNDLES_ENV",
+    "CACHE_DIR_ENV",
+    "bundle_search_paths",
+    "cache_dir",
+    "expand_bundle_paths",
+]
+
 BUNDLES_ENV = "CUTE_AOT_BUNDLES"
-CACHE_DIR_ENV = "CUTE_AOT_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cute-aot"
 
 
 def bundle_search_paths() -> list[Path]:

@@ -189,8 +189,8 @@ class Registry:
             if found is None:
                 return None
             try:
-                bundle = open_bundle(path, arch)
-            except BundleError as exc:  # a damaged overlay entry is a miss, never a crash
+                bundle = open_bundle(path, arch, trust=overlay.check_trust)
+            except BundleError as exc:  # a damaged or untrusted entry is a miss, never a crash
                 moved = overlay.set_aside(path, found)  # so that this miss's JIT can replace it
                 warn_once(
                     ("overlay-bad", str(path)),

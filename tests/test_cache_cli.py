@@ -4,9 +4,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
+import shutil
+import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,11 +18,18 @@ from click.testing import CliRunner
 
 from cute_aot.aot import binary_info
 from cute_aot.aot.cli import plan_from_misses
+from cute_aot.artifacts import fatbin as fatbin_format
 from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
+from cute_aot.artifacts.elf import read_dynamic, read_sections
+from cute_aot.artifacts.errors import BinaryInspectionError, ElfError, ToolNotFoundError
 from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels.router_gemm import dispatch
-from cute_aot.runtime import overlay, overlay_gc
-from cute_aot.runtime.cache_cli import main, parse_age, parse_size
+from cute_aot.kernels import Dispatch, KernelFamily, TensorArg, families, family
+from cute_aot.kernels.contract import parse_ints
+from cute_aot.kernels.keys import KernelKey
+from cute_aot.kernels.router_gemm import RouterProblem, dispatch
+from cute_aot.runtime import overlay
+from cute_aot.runtime.aot_cache import gc as overlay_gc
+from cute_aot.runtime.aot_cache.cli import main, parse_age, parse_size
 from cute_aot.runtime.misses import record_miss
 
 from .conftest import PROBLEMS
@@ -126,10 +137,10 @@ def test_show_reports_resources_read_from_each_cubin(bundles, arch):
     entries = {entry["key_id"]: entry for entry in report["entries"]}
     manifest, library = read_bundle(by_arch[arch])
     assert set(entries) == {entry.key_id for entry in manifest.entries}
-    sm = binary_info.sm_number(arch)
+    sm = fatbin_format.sm_number(arch)
     for entry in entries.values():
         assert entry["sm"] == [sm]
-        fatbin = binary_info.find_fatbin(library, entry["fatbin_sha256"])
+        fatbin = fatbin_format.find_fatbin(library, entry["fatbin_sha256"])
         assert fatbin is not None and len(fatbin) == entry["fatbin_size"]
         [kernel] = entry["kernels"]
         assert kernel["name"].startswith("kernel_") and 0 < kernel["registers"] <= 255
@@ -382,21 +393,123 @@ def test_explain_refuses_bad_problems():
 
 
 def test_explain_neither_imports_cutlass_nor_loads_a_library(bundles, tmp_path):
-    folder, _ = bundles
+    folder, by_arch = bundles
+    # A bundle's library is mapped from <cache dir>/libs/<sha256>.so or, where the cache dir is
+    # not writable, from memfd:cute-aot-<sha256[:16]>.so: both names hold the first 16 hex digits
+    # of its sha256. (Looking for "cute-aot" would also match a venv under a folder of that name.)
+    digests = [read_manifest(path).library["sha256"][:16] for path in by_arch.values()]
     script = (
         "import sys\n"
-        "from cute_aot.runtime.cache_cli import main\n"
+        "from pathlib import Path\n"
+        "from cute_aot.runtime.aot_cache.cli import main\n"
         f"main(['explain', 'router_gemm', '--shape', '12,7168,256', '--bundle', {str(folder)!r}],"
         " standalone_mode=False)\n"
         "maps = open('/proc/self/maps').read()\n"
         "assert 'cutlass' not in sys.modules, 'cutlass imported'\n"
         "assert 'tvm_ffi' not in sys.modules, 'tvm_ffi imported'\n"
-        "assert 'cute-aot' not in maps and 'libtvm_ffi' not in maps, 'a library was loaded'\n"
+        "assert 'libtvm_ffi' not in maps, 'libtvm_ffi was loaded'\n"
+        f"loaded = [d for d in {digests!r} if d in maps]\n"
+        "assert not loaded, f'bundle libraries mapped: {loaded}'\n"
+        f"assert not Path({str(tmp_path / 'cache' / 'libs')!r}).exists(), 'a library was unpacked'\n"
     )
-    env = {**os.environ, "CUTE_AOT_CACHE_DIR": str(tmp_path / "cute-aot")}
+    env = {**os.environ, "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache")}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert "bundle:" in result.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyKey(KernelKey):
+    FAMILY = "toy_scale"
+
+    n: int
+    vector: int
+
+
+class ToyFamily(KernelFamily):
+    """A family of another project's: one input, built for sm_90a only, no describe() on keys."""
+
+    name = "toy_scale"
+    version = 3
+    Key = ToyKey
+    archs = ("sm_90a",)
+    abi = (TensorArg("x", "float32", 1), TensorArg("out", "float32", 1, output=True))
+    builder = "toy_scale_not_importable"
+    shape_syntax = "N"
+
+    def parse_problem(self, text, dtypes=None):
+        (n,) = parse_ints(self, text, "N")
+        return (n, dtypes or "float32")
+
+    def dispatch(self, problem, arch):
+        n, _dtype = problem
+        vector = 4 if n % 4 == 0 else 1
+        return Dispatch(ToyKey(n, vector), f"N={n} {'is' if vector == 4 else 'is not'} % 4 == 0")
+
+    def describe_problem(self, problem):
+        return {"n": problem[0], "dtype": problem[1]}
+
+
+@pytest.fixture
+def toy_family(monkeypatch):
+    """ToyFamily installed next to the real ones, as an entry point of another package would be."""
+    monkeypatch.setitem(families(), "toy_scale", ToyFamily())
+    return families()["toy_scale"]
+
+
+def test_explain_serves_any_installed_family_with_its_own_reason(toy_family):
+    report = run_json("explain", "toy_scale", "--shape", "64", "--dtype", "fp32")
+    assert report["problem"] == {"n": 64, "dtype": "float32"} and report["family_version"] == 3
+    [decision] = report["decisions"]  # default: the family's own architectures
+    key = ToyKey(64, 4)
+    assert decision["arch"] == "sm_90a" and decision["key_id"] == key.id
+    assert decision["dispatch"] == "N=64 is % 4 == 0"
+    assert decision["describe"] == "n=64 vector=4"  # a key without describe(): its fields
+    assert decision["source"] == "jit" and decision["why"].startswith("a miss: no usable sm_90a")
+    text = run("explain", "toy_scale", "--shape", "6", "--arch", "sm_90a").stdout
+    assert "toy_scale N=6 DTYPE=float32" in text and "N=6 is not % 4 == 0" in text
+    aot = run_json("explain", "toy_scale", "--shape", "64", "--mode", "aot")["decisions"][0]
+    assert "aot-build --shape toy_scale:N" in aot["why"]
+
+
+def test_explain_says_when_a_family_is_not_built_for_the_arch(toy_family):
+    report = run_json(
+        "explain", "toy_scale", "--shape", "64", "--arch", "sm_90a", "--arch", "sm100a"
+    )
+    served, refused = report["decisions"]
+    assert served["source"] == "jit"
+    assert refused["arch"] == "sm_100a" and refused["source"] == "error"
+    assert refused["key_id"] is None and refused["path"] is None
+    assert "family toy_scale is not built for sm_100a: it supports sm_90a" in refused["why"]
+    text = run("explain", "toy_scale", "--shape", "64", "--arch", "sm_100a").stdout
+    assert "sm_100a: no key" in text and "it supports sm_90a" in text
+
+
+def test_explain_finds_families_when_it_runs_and_refuses_unknown_ones(toy_family, monkeypatch):
+    unknown = run("explain", "no_such_family", "--shape", "1", code=2)
+    assert "'no_such_family' is not an installed kernel family" in unknown.output
+    assert "router_gemm" in unknown.output and "toy_scale" in unknown.output
+    monkeypatch.delitem(families(), "toy_scale")  # uninstalled: no list fixed at import time
+    assert (
+        "'toy_scale' is not an installed"
+        in run("explain", "toy_scale", "--shape", "1", code=2).output
+    )
+
+
+def test_explain_reads_router_dtypes_as_before():
+    problem = RouterProblem(5, 4096, 256)
+    expected = family("router_gemm").dispatch(problem, "sm_90a")
+    for dtype in ([], ["--dtype", "bf16"], ["--dtype", "bf16,bfloat16"]):
+        report = run_json(
+            "explain", "router_gemm", "--shape", "5,4096,256", "--arch", "sm_90a", *dtype
+        )
+        [decision] = report["decisions"]
+        assert decision["dispatch"] == expected.reason and decision["key_id"] == expected.key.id
+        assert report["problem"] == {
+            "m": 5, "k": 4096, "n": 256, "x_dtype": "bfloat16", "w_dtype": "bfloat16"
+        }  # fmt: skip
+    bad = run("explain", "router_gemm", "--shape", "5,4096,256", "--dtype", "a,b,c", code=2)
+    assert "is not DTYPE or X_DTYPE,W_DTYPE" in bad.output
 
 
 # -- diff ----------------------------------------------------------------------------------------
@@ -616,21 +729,21 @@ def test_sass_refuses_what_it_cannot_find(bundles, tmp_path):
 def test_library_fatbins_are_exactly_the_entries_fatbins(bundles):
     _, by_arch = bundles
     manifest, library = read_bundle(by_arch["sm_90a"])
-    found = [hashlib.sha256(f).hexdigest() for _, f in binary_info.iter_fatbins(library)]
+    found = [hashlib.sha256(f).hexdigest() for _, f in fatbin_format.iter_fatbins(library)]
     assert sorted(found) == sorted(e.gpu_binary["fatbin_sha256"] for e in manifest.entries)
 
 
 def test_inspecting_without_tools_records_only_the_hash(bundles, monkeypatch):
     _, by_arch = bundles
     _, library = read_bundle(by_arch["sm_100a"])
-    [(_, fatbin), *_] = binary_info.iter_fatbins(library)
+    [(_, fatbin), *_] = fatbin_format.iter_fatbins(library)
     monkeypatch.setattr(binary_info, "find_tool", lambda name: None)
     assert binary_info.inspect_fatbin(fatbin) == {
         "fatbin_sha256": hashlib.sha256(fatbin).hexdigest(),
         "fatbin_size": len(fatbin),
         "sm": [100],
     }
-    with pytest.raises(binary_info.ToolNotFoundError, match="pip install nvidia-cuda-cuobjdump"):
+    with pytest.raises(ToolNotFoundError, match="pip install nvidia-cuda-cuobjdump"):
         binary_info.disassemble(fatbin)
 
 
@@ -659,9 +772,84 @@ def test_parsers_and_instruction_classes():
         "FFMA": 1,
         "total": 5,
     }
-    assert binary_info.fatbin_length(b"\x50\xed\x55\xba" + b"\0" * 12) is None  # wrong version
-    with pytest.raises(binary_info.BinaryInspectionError, match="not an ELF file"):
-        binary_info.object_fatbin(b"definitely not ELF", "x.o")
+    assert fatbin_format.fatbin_length(b"\x50\xed\x55\xba" + b"\0" * 12) is None  # wrong version
+    with pytest.raises(BinaryInspectionError, match="not an ELF file"):
+        fatbin_format.object_fatbin(b"definitely not ELF", "x.o")
+
+
+def _synthetic_fatbin(sm: int) -> bytes:
+    """A fatbin container holding one (empty) cubin entry for SM `sm`."""
+    entry = struct.pack("<HHIQ", 2, 1, 64, 32).ljust(28, b"\0") + struct.pack("<I", sm)
+    body = entry.ljust(64, b"\0") + b"\xcc" * 32
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+@pytest.fixture(scope="module")
+def kernel_object(tmp_path_factory) -> tuple[bytes, bytes]:
+    """(object file, fatbin): a relocatable object holding a fatbin as a CuTe DSL export does,
+    in a local symbol named kernels_binary, next to other data and code."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler")
+    fatbin = _synthetic_fatbin(90)
+    folder = tmp_path_factory.mktemp("object")
+    source = folder / "kernel.c"
+    source.write_text(
+        "static const unsigned char kernels_binary[] __attribute__((used, aligned(8))) = {"
+        + ",".join(map(str, fatbin))
+        + '};\nconst char other_data[] = "not the fatbin";\nint entry(void) { return 7; }\n'
+    )
+    subprocess.run([compiler, "-c", "-O1", "-o", str(folder / "kernel.o"), str(source)], check=True)
+    return (folder / "kernel.o").read_bytes(), fatbin
+
+
+def test_the_one_elf_reader_finds_an_objects_fatbin(kernel_object):
+    data, fatbin = kernel_object
+    assert fatbin_format.object_fatbin(data, "kernel.o") == fatbin
+    assert fatbin_format.fatbin_sm_numbers(fatbin) == [90]
+    elf = read_sections(data)
+    names = {symbol.name for symbol in elf.symbols()}
+    assert {"kernels_binary", "other_data", "entry"} <= names
+    assert elf.section(".text") is not None and elf.section(".symtab") is not None
+    with pytest.raises(ElfError, match="not a shared library"):
+        read_dynamic(data)  # an object is not what the loader reads: same reader, other view
+    no_fatbin = data.replace(b"kernels_binary", b"kernels_binarz")
+    with pytest.raises(BinaryInspectionError, match="kernel.o: no fatbin symbol"):
+        fatbin_format.object_fatbin(no_fatbin, "kernel.o")
+
+
+def test_the_elf_and_fatbin_readers_refuse_damaged_objects_cleanly(kernel_object):
+    """Random damage, most of it where the structure is (headers, section table, symbols): each
+    read ends in a result or a typed error, never IndexError, struct.error or a hang."""
+    data, fatbin = kernel_object
+    header = read_sections(data)
+    structure = [(0, 64)] + [
+        (section.offset, section.size)
+        for section in header.sections
+        if section.name in (".symtab", ".strtab", ".shstrtab")
+    ]
+    shoff = struct.unpack_from("<Q", data, 40)[0]
+    structure.append((shoff, len(data) - shoff))
+    rng = random.Random(20260101)
+    outcomes: Counter = Counter()
+    for _ in range(3000):
+        damaged = bytearray(data)
+        for _ in range(rng.randint(1, 6)):
+            start, size = rng.choice(structure)
+            position = start + rng.randrange(max(size, 1))
+            if position < len(damaged):
+                damaged[position] = rng.randrange(256)
+        if rng.random() < 0.1:
+            del damaged[rng.randrange(len(damaged)) :]
+        try:
+            found = fatbin_format.object_fatbin(bytes(damaged), "kernel.o")
+        except BinaryInspectionError:
+            outcomes["refused"] += 1
+        else:
+            outcomes["found"] += 1
+            assert fatbin_format.fatbin_length(found) == len(found)
+            fatbin_format.fatbin_sm_numbers(found)
+    assert outcomes["refused"] > 100 and outcomes["found"] > 100, outcomes
 
 
 def test_manifests_without_gpu_facts_stay_as_before(bundles):

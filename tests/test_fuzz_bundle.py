@@ -32,8 +32,8 @@ from cute_aot.artifacts.elf import ElfError, read_dynamic
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_library
-from cute_aot.kernels import FAMILIES, source_hash
-from cute_aot.kernels.router_gemm import FAMILY_VERSION, dispatch
+from cute_aot.kernels import families, family_facts
+from cute_aot.kernels.router_gemm import dispatch
 from cute_aot.runtime import loader
 
 ARCH = "sm_90a"
@@ -96,9 +96,7 @@ def make_base(folder: Path) -> Base:
         bundle_version="1.0.0",
         created_by="cute-aot fuzz",
         toolchain=toolchain.fingerprint(),
-        families={
-            name: {"version": FAMILY_VERSION, "source_hash": source_hash(name)} for name in FAMILIES
-        },
+        families={name: family_facts(name) for name in families()},
         library={},
         payload={},
         entries=entries,

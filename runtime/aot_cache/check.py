@@ -13,10 +13,10 @@ import ctypes
 import hashlib
 from pathlib import Path
 
-from cute_aot.aot import binary_info
 from cute_aot.artifacts import signing, toolchain
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.errors import BundleError, CuteAotError
+from cute_aot.artifacts.fatbin import fatbin_sm_numbers, iter_fatbins, sm_number
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels.arch import arch_for_capability, normalize_arch
 from cute_aot.runtime import loader
@@ -60,13 +60,13 @@ def local_gpu() -> dict | None:
 def check_kernels(manifest: Manifest, library: bytes) -> Result:
     """Each entry's recorded fatbin is in the library and holds code for the manifest's SM."""
     fatbins = {
-        hashlib.sha256(fatbin).hexdigest(): binary_info.fatbin_sm_numbers(fatbin)
-        for _, fatbin in binary_info.iter_fatbins(library)
+        hashlib.sha256(fatbin).hexdigest(): fatbin_sm_numbers(fatbin)
+        for _, fatbin in iter_fatbins(library)
     }
     recorded = [e for e in manifest.entries if (e.gpu_binary or {}).get("fatbin_sha256")]
     if not recorded:
         return "skip", f"no per-kernel fatbin hashes recorded ({len(fatbins)} fatbins in library)"
-    want = binary_info.sm_number(manifest.arch)
+    want = sm_number(manifest.arch)
     problems = []
     for entry in recorded:
         digest = entry.gpu_binary["fatbin_sha256"]

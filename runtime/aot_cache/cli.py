@@ -4,8 +4,9 @@
 
 Every command prints rich tables, or JSON with --json. Nothing here imports cutlass or loads a
 bundle's library: manifests are read as data, libraries as bytes (verify, sass), GPU code with
-NVIDIA's cuobjdump/nvdisasm. This module parses and presents; the facts come from inventory,
-bundle_check, explain and overlay_gc.
+NVIDIA's cuobjdump/nvdisasm. Generic over kernel families: each is asked, through its contract,
+how it reads a problem and why it dispatches as it does. This module parses and presents; the
+facts come from inventory, check, explain and gc.
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ from rich.table import Table
 from rich.text import Text
 
 from cute_aot.aot import binary_info
-from cute_aot.artifacts import PACKAGE_VERSION, toolchain
+from cute_aot.artifacts import PACKAGE_VERSION
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import read_bundle, read_manifest
 from cute_aot.artifacts.errors import CuteAotError
-from cute_aot.kernels import FAMILIES
-from cute_aot.kernels import family as family_module
-from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
-from cute_aot.runtime import bundle_check, explain, overlay, overlay_gc, paths
+from cute_aot.artifacts.miss_log import read_misses
+from cute_aot.kernels import KernelFamily, families
 from cute_aot.runtime import misses as miss_log
-from cute_aot.runtime.inventory import (
+from cute_aot.runtime import overlay, paths
+from cute_aot.runtime.aot_cache import check, explain, gc
+from cute_aot.runtime.aot_cache.inventory import (
     aggregate_misses,
     bundle_report,
     bundle_sources,
@@ -42,15 +43,33 @@ from cute_aot.runtime.inventory import (
     entry_fatbin,
     entry_matching,
     environment,
+    order_problem,
     read_manifests,
+)
+from cute_aot.runtime.aot_cache.output import (
+    SOURCE_STYLES,
+    STATUS_STYLES,
+    age_text,
+    emit_json,
+    json_option,
+    make_console,
+    make_table,
+    problem_words,
+    size_text,
+    toolchain_text,
+)
+from cute_aot.runtime.aot_cache.params import (
+    age_param,
+    arch_param,
+    family_dtypes,
+    parse_age,
+    parse_size,
+    size_param,
 )
 from cute_aot.runtime.mode import MODE_ENV, Mode, current_mode, parse_mode
 
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_AGE_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
-STATUS_STYLES = {"ok": "green", "fail": "bold red", "skip": "dim", "warn": "yellow"}
-SOURCE_STYLES = {"bundle": "green", "overlay": "cyan", "jit": "yellow", "error": "bold red"}
+# parse_size and parse_age are part of this module's interface (scripts and tests use them here).
+__all__ = ["main", "parse_age", "parse_size"]
 
 
 class _Failure(click.ClickException):
@@ -66,107 +85,6 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except CuteAotError as exc:
             raise _Failure(str(exc)) from None
-
-
-# -- output helpers ----------------------------------------------------------------------------
-def _console() -> Console:
-    # No markup: paths, keys and SASS hold [brackets] that must print as they are.
-    return Console(markup=False, highlight=False)
-
-
-def _emit_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value, unit = float(n), "B"
-    for bigger in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-
-
-def _age(seconds: float) -> str:
-    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= length:
-            return f"{seconds / length:.1f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def _toolchain_text(chain: dict) -> str:
-    dsl = (chain.get("cutlass_dsl") or {}).get(toolchain.CUTLASS_DSL_PREFIX, "?")
-    return (
-        f"cutlass-dsl {dsl}\ntvm-ffi {chain.get('tvm_ffi') or '?'}\n"
-        f"cuda {chain.get('cuda_runtime_major') or '?'}"
-    )
-
-
-def _table(title: str, *columns: str, right: tuple[str, ...] = (), **options) -> Table:
-    table = Table(title=title, title_justify="left", **options)
-    for column in columns:
-        # fold: paths, hashes and kernel names must stay whole, never end in an ellipsis
-        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
-    return table
-
-
-def json_option(command: Callable) -> Callable:
-    flag = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-    return flag(command)
-
-
-# -- parameter parsing -------------------------------------------------------------------------
-def parse_size(value: str) -> int:
-    """'500M', '2G', '1.5GiB', '4096' -> bytes (binary units)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value.lower())
-    if not match:
-        raise click.BadParameter(f"{value!r} is not a size such as 500M or 2G")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
-
-
-def parse_age(value: str) -> float:
-    """'7d', '12h', '30m', '90s', '2w' -> seconds (a bare number is seconds)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|min|m|h|d|w)?\s*", value.lower())
-    if not match:
-        raise click.BadParameter(f"{value!r} is not an age such as 7d, 12h or 30m")
-    return float(match.group(1)) * _AGE_UNITS[match.group(2) or ""]
-
-
-def _size_param(ctx, param, value):
-    return None if value is None else parse_size(value)
-
-
-def _age_param(ctx, param, value):
-    return None if value is None else parse_age(value)
-
-
-def _shape_param(ctx, param, value) -> tuple[int, int, int]:
-    parts = value.split(",")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise click.BadParameter(f"{value!r} is not M,K,N (three integers)")
-    return tuple(int(p) for p in parts)
-
-
-def _dtypes_param(ctx, param, value) -> tuple[str, str] | None:
-    """'bf16' for x and w, or 'bf16,bf16' for x,w."""
-    if value is None:
-        return None
-    names = [p.strip().lower() for p in value.split(",")]
-    names = [DTYPE_ALIASES.get(name, name) for name in names]
-    if len(names) not in (1, 2) or not all(names):
-        raise click.BadParameter(f"{value!r} is not DTYPE or X_DTYPE,W_DTYPE")
-    return (names[0], names[-1])
-
-
-def _arch_param(ctx, param, value):
-    try:
-        if isinstance(value, tuple):
-            return tuple(normalize_arch(arch) for arch in value)
-        return None if value is None else normalize_arch(value)
-    except CuteAotError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 # -- the group ---------------------------------------------------------------------------------
@@ -191,10 +109,10 @@ def ls_command(bundle_paths, no_overlay, as_json):
     results follows. Exit status 1 if a bundle cannot be read.
     """
     rows = [bundle_summary(path, source) for path, source, _ in bundle_sources(bundle_paths)]
-    overlay_rows = [] if no_overlay else overlay_gc.overlay_summary()
+    overlay_rows = [] if no_overlay else gc.overlay_summary()
     if as_json:
         root = str(overlay.overlay_root())
-        _emit_json({"bundles": rows, "overlay": overlay_rows, "overlay_root": root})
+        emit_json({"bundles": rows, "overlay": overlay_rows, "overlay_root": root})
     else:
         _print_ls(rows, overlay_rows)
     if any(row["status"] == "error" for row in rows):
@@ -202,14 +120,14 @@ def ls_command(bundle_paths, no_overlay, as_json):
 
 
 def _print_ls(rows: list[dict], overlay_rows: list[dict]) -> None:
-    console = _console()
+    console = make_console()
     if not rows and not overlay_rows:
         console.print(
             f"No bundles found: pass bundle files or folders, or set {paths.BUNDLES_ENV}. "
             f"The overlay cache ({overlay.overlay_root()}) is empty."
         )
         return
-    table = _table(
+    table = make_table(
         "cute-aot bundles",
         *("bundle", "arch", "families", "keys", "size", "toolchain", "created by", "status"),
         right=("keys", "size"),
@@ -227,19 +145,19 @@ def _print_ls(rows: list[dict], overlay_rows: list[dict]) -> None:
             row["arch"],
             "\n".join(f"{n} v{f.get('version')}" for n, f in row["families"].items()),
             str(row["keys"]),
-            _size(row["file_size"]),
-            _toolchain_text(row["toolchain"]),
+            size_text(row["file_size"]),
+            toolchain_text(row["toolchain"]),
             row["created_by"],
             status,
         )
     for row in overlay_rows:
-        newest = _age(time.time() - row["newest_mtime"])
+        newest = age_text(time.time() - row["newest_mtime"])
         table.add_row(
             f"{row['path']}\noverlay (JIT results) · newest {newest} old",
             row["arch"],
             row["family"] or "? (other toolchain or sources)",
             str(row["keys"]),
-            _size(row["file_size"]),
+            size_text(row["file_size"]),
             "",
             "",
             Text(row["status"], style="green" if row["status"] == "current" else "dim"),
@@ -263,9 +181,9 @@ def show_command(bundle, family_name, key_id, as_json):
     report = bundle_report(bundle, family_name, key_id)
     facts = report["entries"]
     if as_json:
-        _emit_json(report)
+        emit_json(report)
         return
-    console = _console()
+    console = make_console()
     console.print(_bundle_header(report))
     if key_id:
         _print_entry_detail(console, facts[0])
@@ -279,22 +197,22 @@ def _bundle_header(report: dict) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    families = []
+    family_lines = []
     for name, facts in report["families"].items():
         state = report["stale"].get(name)
         state = f"STALE: {state}" if state else "matches the installed sources"
         source = str(facts.get("source_hash"))[:12]
-        families.append(f"{name} v{facts.get('version')} · source {source} · {state}")
+        family_lines.append(f"{name} v{facts.get('version')} · source {source} · {state}")
     library, payload = report["library"], report["payload"]
     rows = {
         "bundle": report["path"],
         "name": f"{report['name']} {report['bundle_version']} (format {report['format_version']})",
         "arch": report["arch"],
         "created by": report["created_by"],
-        "toolchain": _toolchain_text(report["toolchain"]).replace("\n", " · "),
-        "families": "\n".join(families) or "-",
-        "library": f"{_size(library.get('size'))} · sha256 {str(library.get('sha256'))[:16]}",
-        "file": f"{_size(report['file_size'])} ({payload.get('codec')} payload)",
+        "toolchain": toolchain_text(report["toolchain"]).replace("\n", " · "),
+        "families": "\n".join(family_lines) or "-",
+        "library": f"{size_text(library.get('size'))} · sha256 {str(library.get('sha256'))[:16]}",
+        "file": f"{size_text(report['file_size'])} ({payload.get('codec')} payload)",
     }
     for label, value in rows.items():
         grid.add_row(label, value)
@@ -313,7 +231,7 @@ def _classes_text(kernel: dict) -> str:
 
 
 def _entries_table(entries: list[dict]) -> Table:
-    table = _table(
+    table = make_table(
         f"{len(entries)} entries",
         *("key id", "key", "object", "fatbin sha256", "regs", "smem", "stack", "SASS classes"),
         right=("object", "regs", "smem", "stack"),
@@ -324,7 +242,7 @@ def _entries_table(entries: list[dict]) -> Table:
         table.add_row(
             e["key_id"],
             f"{e['family']}: {e['describe']}",
-            _size(e["size"]),
+            size_text(e["size"]),
             (e["fatbin_sha256"] or "not recorded")[:16],
             _per_kernel(kernels, lambda k: str(k.get("registers", "-"))),
             _per_kernel(kernels, lambda k: str(k.get("shared", "-"))),
@@ -335,7 +253,7 @@ def _entries_table(entries: list[dict]) -> Table:
 
 
 def _print_entry_detail(console: Console, e: dict) -> None:
-    fields = _table(f"key {e['key_id']} · {e['family']}: {e['describe']}", "field", "value")
+    fields = make_table(f"key {e['key_id']} · {e['family']}: {e['describe']}", "field", "value")
     for name, value in sorted(e["key"].items()):
         fields.add_row(name, str(value))
     for name in ("symbol", "sha256", "size", "fatbin_sha256", "fatbin_size", "sm"):
@@ -343,13 +261,13 @@ def _print_entry_detail(console: Console, e: dict) -> None:
     console.print(fields)
     for kernel in e["kernels"] or []:
         names = ("registers", "shared", "stack", "local", "constant0")
-        usage = _table("resources", "kernel", *names, right=names)
+        usage = make_table("resources", "kernel", *names, right=names)
         usage.add_row(kernel["name"], *(str(kernel.get(name, "-")) for name in names))
         console.print(usage)
         classes = kernel.get("instruction_classes")
         if not classes:
             continue
-        mix = _table("SASS instruction classes", "class", "count", "what", right=("count",))
+        mix = make_table("SASS instruction classes", "class", "count", "what", right=("count",))
         for name, count in classes.items():
             if name != "total":
                 mix.add_row(name, str(count), binary_info.CLASS_DESCRIPTIONS[name])
@@ -364,7 +282,7 @@ def _print_entry_detail(console: Console, e: dict) -> None:
 @click.argument("bundle_paths", metavar="[PATHS]...", nargs=-1)
 @click.option(
     "--gpu-arch",
-    callback=_arch_param,
+    callback=arch_param,
     help="Check against this GPU architecture instead of the local GPU (e.g. sm_90a).",
 )
 @json_option
@@ -381,11 +299,11 @@ def verify_command(bundle_paths, gpu_arch, as_json):
         raise CuteAotError(
             f"nothing to verify: pass bundle files or folders, or set {paths.BUNDLES_ENV}"
         )
-    gpu = None if gpu_arch else bundle_check.local_gpu()
+    gpu = None if gpu_arch else check.local_gpu()
     target = gpu_arch or (gpu or {}).get("arch")
-    driver = bundle_check.driver_cuda_version()
+    driver = check.driver_cuda_version()
     reports = [
-        bundle_check.verify_bundle(path, from_folder, target, gpu, driver)
+        check.verify_bundle(path, from_folder, target, gpu, driver)
         for path, _, from_folder in sources
     ]
     failures = [
@@ -405,36 +323,52 @@ def verify_command(bundle_paths, gpu_arch, as_json):
         "failures": failures,
     }
     if as_json:
-        _emit_json(result)
+        emit_json(result)
     else:
-        table = _table("aot-cache verify", "bundle", "check", "result", "detail")
+        table = make_table("aot-cache verify", "bundle", "check", "result", "detail")
         for report in reports:
-            for index, check in enumerate(report["checks"]):
-                status = Text(check["status"], style=STATUS_STYLES[check["status"]])
+            for index, item in enumerate(report["checks"]):
+                status = Text(item["status"], style=STATUS_STYLES[item["status"]])
                 first = report["path"] if index == 0 else ""
-                table.add_row(first, check["check"], status, check["detail"])
-        _console().print(table)
+                table.add_row(first, item["check"], status, item["detail"])
+        make_console().print(table)
     for line in failures:
         click.echo(f"aot-cache verify: FAILED {line}", err=True)
     if failures:
         sys.exit(1)
     if not as_json:
-        _console().print(Text(f"{len(reports)} bundle(s) verified", style="green"))
+        make_console().print(Text(f"{len(reports)} bundle(s) verified", style="green"))
 
 
 # -- explain -----------------------------------------------------------------------------------
+def _family_param(ctx, param, value: str) -> KernelFamily:
+    """FAMILY: any installed family, looked up when the command runs (plug-ins come and go, so
+    no list of names is fixed when this module is imported)."""
+    found = families().get(value)
+    if found is None:
+        installed = ", ".join(sorted(families())) or "none"
+        raise click.BadParameter(f"{value!r} is not an installed kernel family ({installed})")
+    return found
+
+
 @main.command("explain")
-@click.argument("family_name", metavar="FAMILY", type=click.Choice(FAMILIES))
-@click.option("--shape", required=True, callback=_shape_param, help="The problem, M,K,N.")
+@click.argument("family", metavar="FAMILY", callback=_family_param)
 @click.option(
-    "--dtype", "dtypes", callback=_dtypes_param, help="DTYPE or X_DTYPE,W_DTYPE (default bf16)."
+    "--shape",
+    required=True,
+    help="The problem, as the family reads it (the family's error says its form, e.g. M,K,N).",
+)
+@click.option(
+    "--dtype",
+    "dtype_text",
+    help="DTYPE for every input, or one per input, comma-separated (default: the family's).",
 )
 @click.option(
     "--arch",
     "archs",
     multiple=True,
-    callback=_arch_param,
-    help="GPU architecture, repeatable (default: every one cute-aot builds for).",
+    callback=arch_param,
+    help="GPU architecture, repeatable (default: every one the family is built for).",
 )
 @click.option(
     "--bundle",
@@ -449,39 +383,45 @@ def verify_command(bundle_paths, gpu_arch, as_json):
     help=f"Serving mode (default: {MODE_ENV}, else auto).",
 )
 @json_option
-def explain_command(family_name, shape, dtypes, archs, bundle_paths, mode_name, as_json):
+def explain_command(family, shape, dtype_text, archs, bundle_paths, mode_name, as_json):
     """Dispatch decision -> key -> where its kernel would come from (bundle, overlay, JIT), why.
 
-    Reads manifests only: never imports cutlass, never loads a library, needs no GPU.
+    FAMILY is any installed kernel family. Reads manifests only: never imports cutlass, never
+    loads a library, needs no GPU.
     """
-    module = family_module(family_name)
-    dtypes = dtypes or (module.X_DTYPE, module.W_DTYPE)
+    dtypes = family_dtypes(family, dtype_text)
+    try:
+        problem = family.parse_problem(shape, dtypes)
+    except ValueError as exc:  # UnsupportedProblemError: the family's own words on its syntax
+        hint = "--shape" if dtype_text is None else "--shape/--dtype"
+        raise click.BadParameter(str(exc), param_hint=hint) from None
     mode = parse_mode(mode_name) if mode_name else current_mode()
     bundles = read_manifests(bundle_paths)
     decisions = [
-        explain.explain(family_name, shape, dtypes, arch, mode, bundles)
-        for arch in archs or tuple(SUPPORTED_ARCHS)
+        explain.explain(family, problem, arch, mode, bundles) for arch in archs or family.archs
     ]
-    m, k, n = shape
+    described = family.describe_problem(problem)
     report = {
-        "family": family_name,
-        "problem": {"m": m, "k": k, "n": n},
-        "dtypes": {"x": dtypes[0], "w": dtypes[1]},
+        "family": family.name,
+        "family_version": family.version,
+        "problem": described,
         "mode": mode.value,
         "bundles": [str(path) for path, _, _ in bundles],
         "decisions": decisions,
     }
     if as_json:
-        _emit_json(report)
+        emit_json(report)
         return
-    console = _console()
+    console = make_console()
     console.print(
-        f"{family_name} M={m} K={k} N={n} x={dtypes[0]} w={dtypes[1]} · mode {mode.value} · "
+        f"{family.name} {problem_words(described)} · mode {mode.value} · "
         f"{len(bundles)} bundle file(s) considered"
     )
     for d in decisions:
-        table = _table(f"{d['arch']}: key {d['key_id']}", "", "", show_header=False)
-        table.add_row("key", f"{d['describe']} (symbol {d['symbol']})")
+        title = f"{d['arch']}: key {d['key_id']}" if d["key_id"] else f"{d['arch']}: no key"
+        table = make_table(title, "", "", show_header=False)
+        if d["key_id"]:
+            table.add_row("key", f"{d['describe']} (symbol {d['symbol']})")
         table.add_row("dispatch", d["dispatch"])
         where = d["source"] + (f": {d['path']}" if d["path"] else "")
         table.add_row("from", Text(where, style=SOURCE_STYLES[d["source"]]))
@@ -502,7 +442,7 @@ def diff_command(bundle_a, bundle_b, exit_code, as_json):
     result = {"a": str(bundle_a), "b": str(bundle_b)}
     result.update(diff_manifests(read_manifest(bundle_a), read_manifest(bundle_b)))
     if as_json:
-        _emit_json(result)
+        emit_json(result)
     else:
         _print_diff(result)
     if exit_code and any(result[part] for part in ("bundle", "added", "removed", "changed")):
@@ -516,14 +456,14 @@ def _short(value) -> str:
 
 
 def _print_diff(result: dict) -> None:
-    console = _console()
+    console = make_console()
     console.print(f"a: {result['a']}\nb: {result['b']}")
     if result["bundle"]:
-        facts = _table("bundle", "field", "a", "b")
+        facts = make_table("bundle", "field", "a", "b")
         for name, (old, new) in result["bundle"].items():
             facts.add_row(name, json.dumps(old, sort_keys=True), json.dumps(new, sort_keys=True))
         console.print(facts)
-    table = _table("entries", "", "key id", "key", "what changed")
+    table = make_table("entries", "", "key id", "key", "what changed")
     for sign, rows, style in (("+", result["added"], "green"), ("-", result["removed"], "red")):
         for row in rows:
             key = f"{row['family']}: {row['describe']}"
@@ -543,12 +483,6 @@ def _print_diff(result: dict) -> None:
 
 
 # -- misses ------------------------------------------------------------------------------------
-def _problem_text(problem: dict) -> str:
-    order = {"m": 0, "k": 1, "n": 2}  # router-style problems read M, K, N
-    names = sorted(problem, key=lambda name: (order.get(name, 3), name))
-    return " ".join(f"{name.upper()}={problem[name]}" for name in names)
-
-
 @main.command("misses")
 @click.option(
     "--log",
@@ -557,7 +491,7 @@ def _problem_text(problem: dict) -> str:
     help=f"Miss log (default: {miss_log.MISS_LOG_ENV}, else <cache dir>/misses.jsonl).",
 )
 @click.option("--family", "family_name", help="Only this family.")
-@click.option("--arch", callback=_arch_param, help="Only this architecture.")
+@click.option("--arch", callback=arch_param, help="Only this architecture.")
 @click.option(
     "--bundle",
     "bundle_paths",
@@ -575,7 +509,7 @@ def _problem_text(problem: dict) -> str:
 def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_bundles, as_json):
     """Aggregated miss log: count per key, first and last seen, ready for aot-build --from-misses."""
     log_path = log_path or miss_log.miss_log_path()
-    records = miss_log.read_misses(log_path) if log_path.is_file() else []
+    records = read_misses(log_path) if log_path.is_file() else []
     records = [
         r
         for r in records
@@ -596,19 +530,19 @@ def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_b
         atomic_write(out_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
     if as_json:
         out = str(out_path) if out_path else None
-        _emit_json({"log": str(log_path), "records": len(records), "keys": rows, "out": out})
+        emit_json({"log": str(log_path), "records": len(records), "keys": rows, "out": out})
         return
-    console = _console()
+    console = make_console()
     if not rows:
         console.print(f"No misses recorded in {log_path}.")
         return
-    table = _table(
+    table = make_table(
         f"{log_path}: {len(records)} misses of {len(rows)} keys",
         *("count", "arch", "key id", "key", "first seen", "last seen", "problems", "in bundles"),
         right=("count",),
     )
     for row in rows:
-        problems = [_problem_text(p) for p in row["problems"]]
+        problems = [problem_words(order_problem(row["family"], p)) for p in row["problems"]]
         shown = "\n".join(problems[:4]) + ("\n..." if len(problems) > 4 else "")
         held_text = Text("yes", style="green") if row["in_bundles"] else Text("no", style="yellow")
         key = f"{row['family']}: {describe_key(row['family'], row['key'])}"
@@ -630,12 +564,12 @@ def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_b
 @main.command("gc")
 @click.option(
     "--max-size",
-    callback=_size_param,
+    callback=size_param,
     help="Remove the oldest entries until the overlay holds at most this (e.g. 500M, 2G).",
 )
 @click.option(
     "--older-than",
-    callback=_age_param,
+    callback=age_param,
     help="Remove entries published longer ago than this (e.g. 7d, 12h, 30m).",
 )
 @click.option(
@@ -647,7 +581,7 @@ def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_b
 @click.option(
     "--grace",
     type=float,
-    default=overlay_gc.GRACE_S,
+    default=gc.GRACE_S,
     show_default=True,
     help="Never remove files younger than this many seconds.",
 )
@@ -660,8 +594,8 @@ def gc_command(max_size, older_than, stale, grace, dry_run, as_json):
     it a moment later takes the miss path (and compiles again); nothing younger than --grace is
     touched. Without options only temporaries left by killed publishers go.
     """
-    remove, keep = overlay_gc.plan(max_size, older_than, stale, grace)
-    removed = remove if dry_run else overlay_gc.remove_files(remove)
+    remove, keep = gc.plan(max_size, older_than, stale, grace)
+    removed = remove if dry_run else gc.remove_files(remove)
     root = overlay.overlay_root()
     result = {
         "root": str(root),
@@ -675,20 +609,22 @@ def gc_command(max_size, older_than, stale, grace, dry_run, as_json):
         "bytes_kept": sum(f.size for f in keep),
     }
     if as_json:
-        _emit_json(result)
+        emit_json(result)
         return
-    console = _console()
+    console = make_console()
     verb = "would remove" if dry_run else "removed"
     if removed:
-        table = _table(
+        table = make_table(
             f"{verb} from {root}", "file", "size", "age", "reason", right=("size", "age")
         )
         for f in removed:
-            table.add_row(str(f.path.relative_to(root)), _size(f.size), _age(f.age_s), f.reason)
+            table.add_row(
+                str(f.path.relative_to(root)), size_text(f.size), age_text(f.age_s), f.reason
+            )
         console.print(table)
     console.print(
-        f"{verb} {len(removed)} file(s), {_size(result['bytes_removed'])}; kept {len(keep)} "
-        f"file(s), {_size(result['bytes_kept'])}, in {root}"
+        f"{verb} {len(removed)} file(s), {size_text(result['bytes_removed'])}; kept {len(keep)} "
+        f"file(s), {size_text(result['bytes_kept'])}, in {root}"
     )
 
 
@@ -699,9 +635,9 @@ def env_command(as_json):
     """Versions, tools, paths, environment variables, GPU and serving mode."""
     report = environment()
     if as_json:
-        _emit_json(report)
+        emit_json(report)
         return
-    table = _table("cute-aot environment", "", "", "", show_header=False)
+    table = make_table("cute-aot environment", "", "", "", show_header=False)
     for name, version in report["versions"].items():
         table.add_row("version", name, str(version))
     for name, tool in report["tools"].items():
@@ -716,7 +652,7 @@ def env_command(as_json):
         table.add_row(
             "path",
             label,
-            f"{usage[key]['path']} ({usage[key]['files']} files, {_size(usage[key]['bytes'])})",
+            f"{usage[key]['path']} ({usage[key]['files']} files, {size_text(usage[key]['bytes'])})",
         )
     log = where["miss_log"]
     table.add_row("path", "miss log", log["path"] + ("" if log["exists"] else " (none yet)"))
@@ -740,7 +676,7 @@ def env_command(as_json):
         else "unavailable: auto falls back to torch"
     )
     table.add_row("mode", "JIT fallback", jit)
-    _console().print(table)
+    make_console().print(table)
 
 
 # -- sass --------------------------------------------------------------------------------------
@@ -757,7 +693,7 @@ def sass_command(bundle, key_id, show_encoding, as_json):
     describe = describe_key(entry.family, entry.key)
     if as_json:
         facts = {"path": str(bundle), "arch": manifest.arch, "key_id": entry.key_id}
-        _emit_json({**facts, "symbol": entry.symbol, "describe": describe, "sass": text})
+        emit_json({**facts, "symbol": entry.symbol, "describe": describe, "sass": text})
         return
     click.echo(f"// {bundle} · {manifest.arch} · key {entry.key_id} · {entry.family}: {describe}")
     click.echo(text, nl=False)

@@ -1,101 +1,55 @@
 """Where a problem's kernel would come from, and why: the logic behind `aot-cache explain`.
 
-Follows Registry.resolve step by step (mode, bundle search order, signature policy, compatibility,
-staleness, overlay, JIT) over manifests read as data: it never imports cutlass, never loads a library and needs no GPU.
+Generic over kernel families: the dispatch decision and its reason are the family's own
+(`family.dispatch(problem, arch)`), so the explanation cannot drift from the rule a server runs.
+From there it follows Registry.resolve step by step (mode, bundle search order, signature policy,
+compatibility, staleness, overlay, JIT) over manifests read as data: it never imports cutlass,
+never loads a library and needs no GPU.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 from cute_aot.artifacts.errors import CuteAotError
-from cute_aot.artifacts.manifest import Manifest
-from cute_aot.kernels import family as family_module
-from cute_aot.kernels.arch import arch_family
+from cute_aot.artifacts.manifest import Entry
+from cute_aot.kernels import KernelFamily
+from cute_aot.kernels.contract import Problem
+from cute_aot.kernels.keys import KernelKey
 from cute_aot.runtime import loader, misses, overlay
+from cute_aot.runtime.aot_cache.inventory import BundleSource, key_text
 from cute_aot.runtime.jit import jit_available
 from cute_aot.runtime.mode import Mode
 from cute_aot.runtime.registry import stale_reasons
 
-# (bundle path, whether it came from a folder, its manifest or why it could not be read)
-BundleSource = tuple[Path, bool, "Manifest | str"]
-
-
-def _table_row(rows: list[dict], m: int, k: int, n: int) -> dict | None:
-    return next((r for r in rows if r["k"] == k and r["n"] == n and m in r["m"]), None)
-
-
-def router_gemm_reason(problem: tuple[int, ...], arch: str, key) -> str:
-    """Why router_gemm's dispatch chose `key`, in terms of its tuned tables."""
-    from cute_aot.kernels.router_gemm import tuned_tables
-
-    m, k, n = problem
-    tables = tuned_tables()
-    defaults, table_name = tables["defaults"], arch_family(arch)
-    table = tables[table_name]
-    if key.backend == "dot":
-        if m <= defaults["dot_max_m"]:
-            rule = f"M={m} <= dot_max_m={defaults['dot_max_m']}"
-        else:
-            rule = f"K={k} < dot_below_k={defaults['dot_below_k']}"
-        row = _table_row(table["dot_block_size"], m, k, n)
-        if row:
-            tactic = (
-                f"{table_name} table row (K={k}, N={n}, M in {row['m']}): block {row['block_size']}"
-            )
-        else:
-            tactic = f"no {table_name} table row for (K={k}, N={n}, M={m}): default block {defaults['block_size']}"
-        return f"{rule} -> dot-product kernel (M, K compiled in); {tactic}"
-    row = _table_row(table["split_k"], m, k, n)
-    if row:
-        tactic = (
-            f"{table_name} table row (K={k}, N={n}, M in {row['m']}): "
-            f"split_k={row['split_k']}, stages={row['num_stages']}"
-        )
-    else:
-        tactic = (
-            f"no {table_name} table row for (K={k}, N={n}, M={m}): defaults "
-            f"split_k={defaults['split_k']}, stages={defaults['num_stages']}"
-        )
-    return (
-        f"M={m} > dot_max_m={defaults['dot_max_m']} and K={k} >= dot_below_k="
-        f"{defaults['dot_below_k']} -> cluster split-K kernel (sizes symbolic); {tactic}"
-    )
-
-
-# family -> why its dispatch rule picked a key; families without one get a plain statement.
-DISPATCH_REASONS: dict[str, Callable] = {"router_gemm": router_gemm_reason}
-
 
 def explain(
-    family_name: str,
-    problem: tuple[int, ...],
-    dtypes: tuple[str, str],
-    arch: str,
-    mode: Mode,
-    bundles: list[BundleSource],
+    family: KernelFamily, problem: Problem, arch: str, mode: Mode, bundles: list[BundleSource]
 ) -> dict:
-    """Dispatch decision, key, and source (bundle | overlay | jit | error) with the reason."""
-    key = family_module(family_name).dispatch(*problem, arch, *dtypes)
-    reason = DISPATCH_REASONS.get(family_name)
-    decision = {
-        "arch": arch,
-        "key_id": key.id,
-        "symbol": key.symbol,
-        "key": key.fields(),
-        "describe": key.describe(),
-        "dispatch": reason(problem, arch, key) if reason else f"{family_name}.dispatch rule",
-        "source": None,
-        "path": None,
-        "why": "",
-        "notes": [],
-    }
+    """Dispatch decision, key, and source (bundle | overlay | jit | error) with the reason.
+
+    An architecture the family is not built for is an "error" decision (no key), not an
+    exception: explaining several architectures at once must still answer for the others.
+    """
+    if not family.supports(arch):
+        why = (
+            f"family {family.name} is not built for {arch}: it supports "
+            f"{', '.join(family.archs) or 'no architecture'}; a server on an {arch} GPU cannot "
+            "serve this problem with it"
+        )
+        return {
+            **_decision(arch, None, f"{family.name} is not built for {arch}"),
+            "source": "error",
+            "why": why,
+        }
+    dispatch = family.dispatch(problem, arch)
+    key = dispatch.key
+    decision = _decision(arch, key, dispatch.reason)
     if mode is Mode.JIT:
         why = "mode jit compiles every kernel in the process; bundles and the overlay are ignored"
         return {**decision, "source": "jit", "why": why}
-    found, searched = _search_bundles(family_name, key, arch, mode, bundles, decision["notes"])
+    found, searched = _search_bundles(family.name, key, arch, mode, bundles, decision["notes"])
     if searched:
         where = f"searched {searched} usable {arch} bundle(s)"
         missing = f"none of the {searched} usable {arch} bundle(s) holds the key"
@@ -109,9 +63,10 @@ def explain(
         )
         return {**decision, "source": "bundle", "path": str(path), "why": why}
     if mode is Mode.AOT:
+        shape = f"{family.name}:{family.shape_syntax}" if family.shape_syntax else family.name
         why = (
-            f"mode aot and {missing}: the call raises KernelNotFoundError; build "
-            "it (aot-build --shape K,N, or --from-misses with the miss log)"
+            f"mode aot and {missing}: the call raises KernelNotFoundError; build it "
+            f"(aot-build --shape {shape}, or --from-misses with the miss log)"
         )
         return {**decision, "source": "error", "why": why}
     overlay_file = overlay.overlay_path(key, arch)
@@ -119,9 +74,15 @@ def explain(
         why = f"{missing}; an earlier JIT compile published it to the overlay cache"
         return {**decision, "source": "overlay", "path": str(overlay_file), "why": why}
     if jit_available():
-        how = f"JIT-compiled in the serving process (a stall of seconds) and published to {overlay_file}"
+        how = (
+            "JIT-compiled in the serving process (a stall of seconds) and published to "
+            f"{overlay_file}"
+        )
     else:
-        how = "nvidia-cutlass-dsl is not installed here, so mode auto runs torch.mm instead"
+        how = (
+            f"nvidia-cutlass-dsl is not installed here, so mode auto runs {family.name}'s torch "
+            "reference instead"
+        )
     why = (
         f"a miss: {missing} and the overlay has no entry; {how}; the miss is recorded "
         f"in {misses.miss_log_path()}"
@@ -129,8 +90,32 @@ def explain(
     return {**decision, "source": "jit", "why": why}
 
 
-def _search_bundles(family_name, key, arch, mode, bundles, notes):
-    """The runtime's bundle search: (path, entry) of the first usable bundle holding the key."""
+def _decision(arch: str, key: KernelKey | None, reason: str) -> dict:
+    """The fields every decision has; key None: no key (the family is not built for arch)."""
+    return {
+        "arch": arch,
+        "key_id": key.id if key else None,
+        "symbol": key.symbol if key else None,
+        "key": key.fields() if key else None,
+        "describe": key_text(key) if key else None,
+        "dispatch": reason,
+        "source": None,
+        "path": None,
+        "why": "",
+        "notes": [],
+    }
+
+
+def _search_bundles(
+    family_name: str,
+    key: KernelKey,
+    arch: str,
+    mode: Mode,
+    bundles: list[BundleSource],
+    notes: list[str],
+) -> tuple[tuple[Path, Entry] | None, int]:
+    """The runtime's bundle search: ((path, entry) of the first usable bundle holding the key,
+    or None; how many usable bundles were searched). Why others were passed over goes to notes."""
     searched = 0
     for path, from_folder, manifest in bundles:
         if isinstance(manifest, str):

@@ -1,4 +1,5 @@
-"""Overlay cache housekeeping: what it holds, and pruning it while servers use it.
+"""The overlay cache's housekeeping: what it holds (`aot-cache ls`), and pruning it while servers
+use it (`aot-cache gc`).
 
 Safe with live readers and publishers: files are unlinked one at a time (a process that has one
 open or mapped keeps reading it; one that opens it a moment later takes the miss path and

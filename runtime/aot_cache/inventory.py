@@ -1,7 +1,7 @@
 """What is installed and shipped, as plain data (JSON-ready): the facts behind `aot-cache`.
 
 Bundle summaries and entries (read from manifests only), differences between two bundles, the
-aggregated miss log and this machine's environment. Presentation lives in cache_cli.
+aggregated miss log and this machine's environment. Presentation lives in cli.
 """
 
 from __future__ import annotations
@@ -15,15 +15,24 @@ from pathlib import Path
 from cute_aot.aot import binary_info
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
-from cute_aot.artifacts.errors import BundleError, BundleIntegrityError, CuteAotError
+from cute_aot.artifacts.errors import (
+    BundleError,
+    BundleIntegrityError,
+    CuteAotError,
+    EntryNotFoundError,
+)
+from cute_aot.artifacts.fatbin import find_fatbin, iter_fatbins
 from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family as family_module
-from cute_aot.runtime import bundle_check, overlay, overlay_gc, paths
+from cute_aot.kernels import families
 from cute_aot.runtime import misses as miss_log
-from cute_aot.runtime.explain import BundleSource
+from cute_aot.runtime import overlay, paths
+from cute_aot.runtime.aot_cache import check, gc
 from cute_aot.runtime.jit import jit_available
 from cute_aot.runtime.mode import MODE_ENV, current_mode
 from cute_aot.runtime.registry import stale_reasons
+
+# (bundle path, whether it came from a folder, its manifest or why it could not be read)
+BundleSource = tuple[Path, bool, "Manifest | str"]
 
 ENV_VARS = (
     paths.BUNDLES_ENV,
@@ -34,17 +43,6 @@ ENV_VARS = (
     "CUDA_VISIBLE_DEVICES",
     "XDG_CACHE_HOME",
 )
-
-
-class EntryNotFoundError(CuteAotError, LookupError):
-    """A bundle holds no entry matching what an operator asked for."""
-
-    def __init__(self, path: Path, arch: str, wanted: str, known: list[str]):
-        self.path, self.arch, self.wanted = str(path), arch, wanted
-        listed = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
-        super().__init__(
-            f"{path}: no entry {wanted!r} in this {arch} bundle (has: {listed or 'nothing'})"
-        )
 
 
 def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
@@ -84,11 +82,41 @@ def entry_matching(path: Path, manifest: Manifest, wanted: str) -> Entry:
     return matches[0]
 
 
+def key_text(key) -> str:
+    """A key in words: its own describe() where the family gives one, else its fields."""
+    describe = getattr(key, "describe", None)
+    if callable(describe):
+        return describe()
+    return _fields_text(key.fields())
+
+
+def _fields_text(fields: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(fields.items()) if k != "family")
+
+
 def describe_key(family_name: str, fields: dict) -> str:
+    """A manifest's or miss log's key fields in words (plain fields for unknown families)."""
+    found = families().get(family_name)
     try:
-        return family_module(family_name).Key.from_fields(fields).describe()
-    except (CuteAotError, ValueError, TypeError):  # a family this installation does not know
-        return " ".join(f"{k}={v}" for k, v in sorted(fields.items()) if k != "family")
+        if found is not None:
+            return key_text(found.Key.from_fields(fields))
+    except (CuteAotError, ValueError, TypeError):  # fields of another version of the family
+        pass
+    return _fields_text(fields)
+
+
+def order_problem(family_name: str, problem: dict) -> dict:
+    """A recorded problem ({"k": 7168, "m": 2, ...}) in the order its family names the fields
+    (a miss log stores them sorted); as recorded for a family this installation does not have."""
+    found = families().get(family_name)
+    if found is None:
+        return problem
+    try:  # describe_problem names the fields of a problem tuple; only their order is used here
+        named = list(found.describe_problem(tuple(problem.values())))
+    except Exception:  # a plug-in's refusal loses only the ordering, never the listing
+        return problem
+    order = sorted(problem, key=lambda name: named.index(name) if name in named else len(named))
+    return {name: problem[name] for name in order}
 
 
 def bundle_summary(path: Path, source: str) -> dict:
@@ -241,7 +269,7 @@ def environment() -> dict:
     for name in binary_info.TOOL_DISTRIBUTIONS:
         found = binary_info.find_tool(name)
         tools[name] = {"path": found, "version": binary_info.tool_version(found) if found else None}
-    driver = bundle_check.driver_cuda_version()
+    driver = check.driver_cuda_version()
     log = miss_log.miss_log_path()
     return {
         "versions": {
@@ -261,12 +289,12 @@ def environment() -> dict:
             "bundles": [str(path) for path, _, _ in bundle_sources(())],
         },
         "env": {name: os.environ.get(name) for name in ENV_VARS},
-        "gpu": bundle_check.local_gpu(),
+        "gpu": check.local_gpu(),
         "driver_cuda": ".".join(map(str, driver)) if driver else None,
         "mode": current_mode().value,
         "mode_source": MODE_ENV if os.environ.get(MODE_ENV) else "default",
         "jit_available": jit_available(),
-        "overlay_fingerprints": overlay_gc.current_fingerprints(),
+        "overlay_fingerprints": gc.current_fingerprints(),
     }
 
 
@@ -275,14 +303,14 @@ def entry_fatbin(path: Path, manifest: Manifest, library: bytes, entry: Entry) -
     bundle (overlay entries record no hash)."""
     recorded = (entry.gpu_binary or {}).get("fatbin_sha256")
     if recorded:
-        fatbin = binary_info.find_fatbin(library, recorded)
+        fatbin = find_fatbin(library, recorded)
         if fatbin is None:
             raise BundleIntegrityError(
                 path,
                 f"{manifest.arch} key {entry.key_id}: fatbin {recorded[:16]} is not in the library",
             )
         return fatbin
-    fatbins = [fatbin for _, fatbin in binary_info.iter_fatbins(library)]
+    fatbins = [fatbin for _, fatbin in iter_fatbins(library)]
     if len(fatbins) == 1 and len(manifest.entries) == 1:
         return fatbins[0]
     raise BundleError(
