@@ -53,13 +53,17 @@ def host_machine() -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 
-def check_entries(path: Path, manifest: Manifest, key_class: KeyClassLookup) -> None:
+def check_entries(
+    path: Path, manifest: Manifest, key_class: KeyClassLookup, derive_keys: bool = True
+) -> None:
     """Every entry's key is a well-formed key of a listed family that re-derives id and symbol.
 
     key_class(family) gives the installed family's key class (`cute_aot.kernels.family(name).Key`)
     or None when the family is not installed: such entries are checked for form only, since they
     are never served (the registry's staleness check refuses unknown families). Required, so that
-    no caller skips the re-derivation by forgetting it.
+    no caller skips the re-derivation by forgetting it. derive_keys=False leaves the
+    re-derivation to the caller, entry by entry, before it serves one (check_entry_key): a
+    1000-kernel bundle then opens without deriving 1000 ids.
     """
     key_ids = set()
     for index, entry in enumerate(manifest.entries):
@@ -74,8 +78,13 @@ def check_entries(path: Path, manifest: Manifest, key_class: KeyClassLookup) -> 
         if entry.family not in manifest.families:
             raise BundleFormatError(path, f"{what}: family not listed in the manifest's families")
         cls = key_class(entry.family)
-        if cls is not None:
+        if cls is not None and derive_keys:
             _check_key(path, what, entry, cls)
+
+
+def check_entry_key(path: Path, entry: Entry, key_class: type) -> None:
+    """One entry's key re-derives its id and symbol (check_entries with derive_keys=False)."""
+    _check_key(path, f"{entry.family} key {entry.key_id}", entry, key_class)
 
 
 @functools.cache
@@ -112,6 +121,12 @@ def check_library(path: Path, manifest: Manifest, library: bytes) -> DynamicInfo
         info = read_dynamic(library)
     except ElfError as exc:
         raise BundleIntegrityError(path, f"library is not a usable shared library: {exc}") from None
+    return check_dynamic(path, manifest, info)
+
+
+def check_dynamic(path: Path, manifest: Manifest, info: DynamicInfo) -> DynamicInfo:
+    """check_library on the library's dynamic-linking facts, read earlier (the loader keeps them
+    next to a library it verified when it extracted it)."""
     if info.machine != host_machine():
         raise IncompatibleBundleError(
             path, f"library is built for {info.machine} CPUs, this machine is {host_machine()}"

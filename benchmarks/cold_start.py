@@ -2,7 +2,10 @@
 ready (loaded and looked up) and, on a GPU, has run once. Median of N fresh processes.
 
 Methods:
-  bundle            cute-aot: verify the bundle, dlopen its one library via TVM-FFI (no cutlass)
+  bundle            cute-aot: verify the bundle, dlopen its one library via TVM-FFI (no cutlass);
+                    its library was verified when first extracted, later opens trust that copy
+  bundle_reverify   the same with CUTE_AOT_REVERIFY=1: every open verifies the whole library
+                    again (hashes, ELF, every key id), as every open did before
   peers_load_module one exported .o per kernel reloaded with cute.runtime.load_module, as
                     FlashInfer's CuTe DSL disk cache, quack and FlashAttention-4 do (imports cutlass)
   flashinfer_hit    FlashInfer's own build_and_load_cute_dsl_kernel on a warm disk cache
@@ -37,7 +40,8 @@ if gpu:
 set_dir = sys.argv[1]
 keys = json.load(open(os.path.join(set_dir, "keys.json")))
 def call_all(functions):
-    from cute_aot.kernels.router_gemm import RouterGemmKey
+    from cute_aot.kernels import family
+    RouterGemmKey = family("router_gemm").Key
     for entry, function in zip(keys, functions):
         key = RouterGemmKey.from_fields(entry["fields"])
         m = key.m or 8
@@ -67,6 +71,7 @@ print(json.dumps({"ready_s": ready - start, "total_s": end - start, "cutlass": "
                   "import_tvm_ffi_s": imported_tvm_ffi - start, "import_cute_aot_s": imported - imported_tvm_ffi,
                   "open_bundle_s": opened - imported, "lookups_s": ready - opened}))
 """,
+    "bundle_reverify": None,  # the bundle child, with CUTE_AOT_REVERIFY=1
     "peers_load_module": """
 start = time.perf_counter()
 import cutlass.cute as cute
@@ -90,9 +95,9 @@ def compile_fn_for(entry):
     def compile_fn():
         if os.environ.get("FI_MUST_HIT"):
             raise RuntimeError("cache miss during a hit measurement")
-        from cute_aot.kernels import family_builder
-        from cute_aot.kernels.router_gemm import RouterGemmKey
-        return family_builder("router_gemm").compile(RouterGemmKey.from_fields(entry["fields"]), "sm_90a")
+        from cute_aot.kernels import family
+        router = family("router_gemm")
+        return router.compile(router.Key.from_fields(entry["fields"]), "sm_90a")
     return compile_fn
 functions = [build_and_load_cute_dsl_kernel("cuteaot_bench", entry["symbol"], compile_fn_for(entry)) for entry in keys]
 ready = time.perf_counter()
@@ -103,10 +108,9 @@ print(json.dumps({"ready_s": ready - start, "total_s": end - start, "import_flas
 start = time.perf_counter()
 import cutlass.cute
 imported = time.perf_counter()
-from cute_aot.kernels import family_builder
-from cute_aot.kernels.router_gemm import RouterGemmKey
-build = family_builder("router_gemm")
-functions = [build.compile(RouterGemmKey.from_fields(entry["fields"]), "sm_90a") for entry in keys]
+from cute_aot.kernels import family
+router = family("router_gemm")
+functions = [router.compile(router.Key.from_fields(entry["fields"]), "sm_90a") for entry in keys]
 ready = time.perf_counter()
 if gpu:
     call_all(functions)
@@ -117,6 +121,8 @@ print(json.dumps({"ready_s": ready - start, "total_s": end - start, "import_cutl
 
 
 def run_child(python: str, method: str, set_dir: Path, env: dict) -> dict:
+    if method == "bundle_reverify":
+        method, env = "bundle", {**env, "CUTE_AOT_REVERIFY": "1"}
     code = textwrap.dedent(PRELUDE) + textwrap.dedent(CHILDREN[method])
     result = subprocess.run(
         [python, "-c", code, str(set_dir)], capture_output=True, text=True, env=env
@@ -129,7 +135,9 @@ def run_child(python: str, method: str, set_dir: Path, env: dict) -> dict:
 @click.command()
 @click.option("--sets", "sets_dir", default="benchmarks/sets", type=click.Path(path_type=Path))
 @click.option("--set", "set_names", multiple=True, default=["router"])
-@click.option("--method", "methods", multiple=True, default=["bundle", "peers_load_module"])
+@click.option(
+    "--method", "methods", multiple=True, default=["bundle_reverify", "bundle", "peers_load_module"]
+)
 @click.option("--trials", default=5, show_default=True)
 @click.option("--flashinfer-python", default=None, help="Interpreter with flashinfer-python.")
 @click.option("--out", "out_path", default="benchmarks/results/cold_start.json", show_default=True)

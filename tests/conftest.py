@@ -19,21 +19,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# A real, small build shared by the tests that need one: one dot-product key and one split-K key,
-# for both architectures.
+# A small build shared by the tests that need one: one dot-product key and one split-K key, for
+# both architectures.
 PROBLEMS = [(2, 4096, 256), (12, 7168, 256)]
 ARCHS = ["sm_90a", "sm_100a"]
 
 
-@pytest.fixture(scope="session")
-def small_bundles(tmp_path_factory):
-    from cute_aot.aot.build import build
+def _small_plan():
     from cute_aot.kernels.router_gemm import dispatch
 
+    return {arch: sorted({dispatch(*p, arch) for p in PROBLEMS}, key=str) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def small_bundles(tmp_path_factory):
+    """Real kernels, cross-compiled (tens of seconds): for tests about the kernels' code."""
+    from cute_aot.aot.build import build
+
     out = tmp_path_factory.mktemp("bundles")
-    plan = {arch: sorted({dispatch(*p, arch) for p in PROBLEMS}, key=str) for arch in ARCHS}
+    plan = _small_plan()
     paths = build(plan, out, name="e2e", jobs=2, show_progress=False)
     return out, paths, plan
+
+
+@pytest.fixture(scope="session")
+def stub_bundles(tmp_path_factory):
+    """The same keys as small_bundles, linked and packed by the real build from stub objects
+    (tests/stubs.py; about a second): for format, loader, registry and CLI tests."""
+    from cute_aot.aot.build import run_build
+    from tests.stubs import stub_compile
+
+    out = tmp_path_factory.mktemp("stub-bundles")
+    plan = _small_plan()
+    outcome = run_build(plan, out, name="e2e", jobs=1, show_progress=False, worker=stub_compile)
+    assert not outcome.failed, outcome.failed
+    return out, outcome.bundles, plan
 
 
 @pytest.fixture

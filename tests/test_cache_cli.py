@@ -49,11 +49,21 @@ def isolated(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-@pytest.fixture
-def bundles(small_bundles):
-    """{arch: bundle path} of the session's real bundles, and their folder."""
-    folder, paths, _plan = small_bundles
+def _by_arch(built):
+    folder, paths, _plan = built
     return folder, {read_manifest(path).arch: path for path in paths}
+
+
+@pytest.fixture
+def bundles(stub_bundles):
+    """{arch: bundle path} of the session's stub-kernel bundles, and their folder."""
+    return _by_arch(stub_bundles)
+
+
+@pytest.fixture
+def real_bundles(small_bundles):
+    """The same, with real cross-compiled kernels: for what reads their GPU code."""
+    return _by_arch(small_bundles)
 
 
 def run(*args, code: int = 0):
@@ -129,10 +139,11 @@ def test_ls_reports_an_unreadable_bundle_and_fails(bundles, tmp_path):
 
 
 # -- show ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_tools
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_show_reports_resources_read_from_each_cubin(bundles, arch):
-    _, by_arch = bundles
+def test_show_reports_resources_read_from_each_cubin(real_bundles, arch):
+    _, by_arch = real_bundles
     report = run_json("show", by_arch[arch])
     entries = {entry["key_id"]: entry for entry in report["entries"]}
     manifest, library = read_bundle(by_arch[arch])
@@ -153,9 +164,10 @@ def test_show_reports_resources_read_from_each_cubin(bundles, arch):
     assert report["note"] is None
 
 
+@pytest.mark.slow
 @needs_tools
-def test_show_one_key_in_detail(bundles):
-    _, by_arch = bundles
+def test_show_one_key_in_detail(real_bundles):
+    _, by_arch = real_bundles
     key = dispatch(*SPLITK, "sm_90a")
     text = run("show", by_arch["sm_90a"], "--key", key.id[:6]).stdout
     assert key.symbol in text and "split_k" in text
@@ -190,8 +202,9 @@ def test_show_says_when_resources_were_not_recorded(bundles, tmp_path):
 
 
 # -- verify --------------------------------------------------------------------------------------
-def test_verify_passes_sound_bundles(bundles):
-    folder, _ = bundles
+@pytest.mark.slow
+def test_verify_passes_sound_bundles(real_bundles):
+    folder, _ = real_bundles
     result = run_json("verify", folder)
     assert result["ok"] and result["failures"] == [] and len(result["bundles"]) == 2
     for report in result["bundles"]:
@@ -235,8 +248,9 @@ def test_verify_fails_on_a_corrupted_manifest(bundles, tmp_path):
     assert "manifest hash mismatch" in result.stderr
 
 
-def test_verify_finds_a_kernel_whose_fatbin_is_not_in_the_library(bundles, tmp_path):
-    _, by_arch = bundles
+@pytest.mark.slow
+def test_verify_finds_a_kernel_whose_fatbin_is_not_in_the_library(real_bundles, tmp_path):
+    _, by_arch = real_bundles
 
     def lie(manifest):
         first, *rest = manifest.entries
@@ -695,9 +709,10 @@ def test_env_reports_versions_paths_and_mode(isolated, monkeypatch, bundles):
 
 
 # -- sass ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_tools
-def test_sass_prints_the_kernels_code(bundles):
-    _, by_arch = bundles
+def test_sass_prints_the_kernels_code(real_bundles):
+    _, by_arch = real_bundles
     key = dispatch(*SPLITK, "sm_100a")
     text = run("sass", by_arch["sm_100a"], key.id).stdout
     assert text.startswith(f"// {by_arch['sm_100a']} · sm_100a · key {key.id}")
@@ -709,8 +724,9 @@ def test_sass_prints_the_kernels_code(bundles):
     assert "/* 0x" in run("sass", by_arch["sm_100a"], key.id, "--hex").stdout
 
 
-def test_sass_refuses_what_it_cannot_find(bundles, tmp_path):
-    _, by_arch = bundles
+@pytest.mark.slow
+def test_sass_refuses_what_it_cannot_find(real_bundles, tmp_path):
+    _, by_arch = real_bundles
     assert "no entry 'nope'" in run("sass", by_arch["sm_90a"], "nope", code=1).stderr
     bare = rewrite(
         by_arch["sm_90a"],
@@ -726,15 +742,17 @@ def test_sass_refuses_what_it_cannot_find(bundles, tmp_path):
 
 
 # -- the GPU binary facts recorded at build time -------------------------------------------------
-def test_library_fatbins_are_exactly_the_entries_fatbins(bundles):
-    _, by_arch = bundles
+@pytest.mark.slow
+def test_library_fatbins_are_exactly_the_entries_fatbins(real_bundles):
+    _, by_arch = real_bundles
     manifest, library = read_bundle(by_arch["sm_90a"])
     found = [hashlib.sha256(f).hexdigest() for _, f in fatbin_format.iter_fatbins(library)]
     assert sorted(found) == sorted(e.gpu_binary["fatbin_sha256"] for e in manifest.entries)
 
 
-def test_inspecting_without_tools_records_only_the_hash(bundles, monkeypatch):
-    _, by_arch = bundles
+@pytest.mark.slow
+def test_inspecting_without_tools_records_only_the_hash(real_bundles, monkeypatch):
+    _, by_arch = real_bundles
     _, library = read_bundle(by_arch["sm_100a"])
     [(_, fatbin), *_] = fatbin_format.iter_fatbins(library)
     monkeypatch.setattr(binary_info, "find_tool", lambda name: None)

@@ -73,8 +73,8 @@ class Good:
 
 
 @pytest.fixture(scope="module")
-def good(small_bundles) -> Good:
-    _, paths, _ = small_bundles
+def good(stub_bundles) -> Good:
+    _, paths, _ = stub_bundles
     path = next(p for p in paths if ARCH in p.name)
     manifest, library = read_bundle(path)
     return Good(path, manifest, library)
@@ -644,12 +644,14 @@ def test_a_folder_loads_its_good_bundles_and_skips_the_bad_one(
     folder = tmp_path / "bundles"
     folder.mkdir()
     shutil.copy(good.path, folder / good.path.name)
-    (folder / "zz-bad-sm_90a.cuteaot").write_bytes(good.data[:-1])
-    with pytest.warns(RuntimeWarning, match="skipping bundle .*zz-bad-sm_90a.cuteaot.*truncated"):
+    # read first ("aa"), before any copy of its library was verified and extracted
+    (folder / "aa-bad-sm_90a.cuteaot").write_bytes(good.data[:-1])
+    with pytest.warns(RuntimeWarning, match="skipping bundle .*aa-bad-sm_90a.cuteaot.*truncated"):
         loaded = REGISTRY.load(folder, gpu_arch=ARCH)
     assert [b.path.name for b in loaded] == [good.path.name]
     entry = good.manifest.entries[0]
-    assert REGISTRY.bundle_function(entry.family, entry.key_id, ARCH) is not None
+    served = REGISTRY.bundle_function(entry.family, entry.key_id, ARCH)
+    assert served is loaded[0].function(entry.key_id)
 
 
 def test_an_explicit_bad_file_raises(good, tmp_path, fresh_runtime):
@@ -962,3 +964,69 @@ def test_aot_build_sign_key_signs_what_it_writes(keys, tmp_path, fresh_runtime, 
     assert open_bundle(path, ARCH).signer.key_id == manifest.signature["key_id"]
     bad = CliRunner().invoke(main, [*args, "--sign-key", str(keys.release_pub)])  # cached build
     assert bad.exit_code == 1 and "not a PEM private key" in bad.output
+
+
+# -- verified once, trusted after ----------------------------------------------------------------
+def _library_copy(cache: Path, good) -> Path:
+    return cache / "libs" / f"{good.manifest.library['sha256']}.so"
+
+
+def test_a_verified_private_copy_is_trusted_and_keys_are_derived_on_use(
+    good, tmp_path, fresh_runtime, monkeypatch
+):
+    from cute_aot.runtime import loader
+
+    first = open_bundle(good.path, ARCH)  # verifies in full, extracts, records what it verified
+    assert first.key_class is None
+    assert _library_copy(fresh_runtime, good).with_suffix(".verified.json").is_file()
+    loader._loaded.clear()  # as a new process would start
+
+    def no_full_verification(*args, **kwargs):
+        raise AssertionError("verified again")
+
+    monkeypatch.setattr(loader, "verify_bundle", no_full_verification)
+    again = open_bundle(good.path, ARCH)
+    assert again.key_class is loader.installed_key_class  # ids re-derived entry by entry
+    entry = good.manifest.entries[0]
+    assert type(again.function(entry.key_id)).__name__ == "Function"
+    # a manifest entry whose key does not re-derive is refused when it is first asked for
+    forged = dataclasses.replace(entry, key={**entry.key, "pdl": not entry.key["pdl"]})
+    again.entries[entry.key_id] = forged
+    again._functions.clear()
+    with pytest.raises(BundleIntegrityError, match="canonical JSON gives id"):
+        again.function(entry.key_id)
+
+
+@pytest.mark.parametrize("weaken", ["group-writable copy", "group-writable folder", "no record"])
+def test_a_copy_others_could_have_written_is_verified_again(
+    weaken, good, tmp_path, fresh_runtime, monkeypatch
+):
+    from cute_aot.runtime import loader
+
+    open_bundle(good.path, ARCH)
+    loader._loaded.clear()
+    copy = _library_copy(fresh_runtime, good)
+    if weaken == "group-writable copy":
+        copy.chmod(0o575)
+    elif weaken == "group-writable folder":
+        copy.parent.chmod(0o775)
+    else:
+        copy.with_suffix(".verified.json").unlink()
+    calls = []
+    real = loader.verify_bundle
+    monkeypatch.setattr(loader, "verify_bundle", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert open_bundle(good.path, ARCH).key_class is None  # the full path, keys derived at open
+    assert len(calls) == 1
+
+
+def test_reverify_verifies_every_load(good, tmp_path, fresh_runtime, monkeypatch):
+    from cute_aot.runtime import loader
+
+    open_bundle(good.path, ARCH)
+    loader._loaded.clear()
+    damaged = _write(tmp_path, flip(good.data, len(good.data) - 1000))  # payload, not manifest
+    # the library it names was verified already: what would run is exactly that library
+    assert open_bundle(damaged, ARCH).library_path == str(_library_copy(fresh_runtime, good))
+    monkeypatch.setenv(loader.REVERIFY_ENV, "1")
+    with pytest.raises(BundleIntegrityError, match="payload hash mismatch"):
+        open_bundle(damaged, ARCH)

@@ -390,6 +390,7 @@ def _call(function, descs: dict[str, Desc]):
     return function(*[tvm_ffi.from_dlpack(fake) for fake in fakes])
 
 
+@pytest.mark.slow  # `kernels` are the real, cross-compiled ones
 @needs_no_driver
 @pytest.mark.parametrize("backend", ["dot", "splitk"])
 def test_compiled_functions_refuse_tensors_their_key_does_not_fit(backend, kernels):
@@ -419,6 +420,7 @@ def test_compiled_functions_refuse_tensors_their_key_does_not_fit(backend, kerne
     assert seen["refused"] > 500 and seen["reached launch"] > 100, seen
 
 
+@pytest.mark.slow
 @needs_no_driver
 def test_empty_problems_pass_the_compiled_checks_so_python_must_refuse_them(kernels):
     """Why the op's checked path refuses empty inputs itself: the split-K function accepts them."""
@@ -435,6 +437,7 @@ def test_empty_problems_pass_the_compiled_checks_so_python_must_refuse_them(kern
             router_gemm(x, w)
 
 
+@pytest.mark.slow
 def test_the_hot_path_hands_a_mismatch_to_the_checked_path(kernels, monkeypatch):
     """A cached function (the hot path) called with other tensors: the compiled checks refuse,
     and the op reports the problem as an InputError naming it."""

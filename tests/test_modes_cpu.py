@@ -37,8 +37,8 @@ def test_mode_from_env_and_api(monkeypatch, fresh_runtime):
         current_mode()
 
 
-def test_aot_mode_miss_names_family_key_arch_and_bundles(fresh_runtime, small_bundles):
-    out, paths, _ = small_bundles
+def test_aot_mode_miss_names_family_key_arch_and_bundles(fresh_runtime, stub_bundles):
+    out, paths, _ = stub_bundles
     REGISTRY.load(out, gpu_arch=ARCH)
     set_mode("aot")
     before = jit.compile_count
@@ -51,8 +51,8 @@ def test_aot_mode_miss_names_family_key_arch_and_bundles(fresh_runtime, small_bu
     assert not miss_log_path().exists()
 
 
-def test_bundle_hit_needs_no_compile(fresh_runtime, small_bundles):
-    out, _, plan = small_bundles
+def test_bundle_hit_needs_no_compile(fresh_runtime, stub_bundles):
+    out, _, plan = stub_bundles
     (bundle,) = REGISTRY.load(out, gpu_arch=ARCH)
     before = jit.compile_count
     for key in plan[ARCH]:
@@ -126,8 +126,8 @@ def _restamp(path, tmp_path, **family_changes):
     return stale
 
 
-def test_stale_bundle_auto_falls_back_with_one_warning(fresh_runtime, small_bundles, tmp_path):
-    _, paths, plan = small_bundles
+def test_stale_bundle_auto_falls_back_with_one_warning(fresh_runtime, stub_bundles, tmp_path):
+    _, paths, plan = stub_bundles
     sm90 = next(p for p in paths if "sm_90a" in p.name)
     stale = _restamp(sm90, tmp_path, source_hash="0" * 64)
     with pytest.warns(RuntimeWarning, match="not used for router_gemm.*source hash"):
@@ -135,8 +135,8 @@ def test_stale_bundle_auto_falls_back_with_one_warning(fresh_runtime, small_bund
     assert REGISTRY.bundle_function("router_gemm", plan[ARCH][0].id, ARCH) is None
 
 
-def test_stale_bundle_aot_mode_is_an_error(fresh_runtime, small_bundles, tmp_path):
-    _, paths, _ = small_bundles
+def test_stale_bundle_aot_mode_is_an_error(fresh_runtime, stub_bundles, tmp_path):
+    _, paths, _ = stub_bundles
     sm90 = next(p for p in paths if "sm_90a" in p.name)
     stale = _restamp(sm90, tmp_path, version=99)
     set_mode("aot")
@@ -144,7 +144,7 @@ def test_stale_bundle_aot_mode_is_an_error(fresh_runtime, small_bundles, tmp_pat
         REGISTRY.load(stale, gpu_arch=ARCH)
 
 
-def test_unwritable_cache_dir_still_loads_from_memory(small_bundles, monkeypatch, tmp_path):
+def test_unwritable_cache_dir_still_loads_from_memory(stub_bundles, monkeypatch, tmp_path):
     from cute_aot.runtime.loader import open_bundle
     from cute_aot.runtime.notices import forget
 
@@ -152,7 +152,7 @@ def test_unwritable_cache_dir_still_loads_from_memory(small_bundles, monkeypatch
     blocker = tmp_path / "file"
     blocker.write_text("a file where a folder should be")
     monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(blocker / "cache"))
-    _, paths, plan = small_bundles
+    _, paths, plan = stub_bundles
     sm90 = next(p for p in paths if "sm_90a" in p.name)
     with pytest.warns(RuntimeWarning, match="not writable.*temporary files"):
         bundle = open_bundle(sm90, ARCH)
