@@ -8,6 +8,13 @@ row for objects) published last as the commit marker. Both are published first-w
 (`publish_once`), so any number of builds may share one cache folder, NFS included, without locks.
 A record whose data does not match is a miss and is removed. The cache never fails a build: if
 it cannot be written, the build goes on without it and says why once.
+
+Trust: anyone who can write the cache folder can put objects into the bundles built from it. A
+build given a signing key signs every record it publishes (ed25519 over the record, its data's
+sha256 and its digest; artifacts/signing.py); a build given trusted keys uses an entry only when
+its record is signed by one of them, and treats anything else as a miss, counted in `untrusted`.
+Such an entry is left in place (it may be good, just not vouched for): the fresh result is then
+published only where nothing is there, first-wins as always.
 """
 
 from __future__ import annotations
@@ -18,13 +25,19 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cute_aot.artifacts import PACKAGE_VERSION, toolchain
+from cute_aot.artifacts import PACKAGE_VERSION, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.cache_dirs import cache_dir
+from cute_aot.artifacts.errors import SignatureError
 from cute_aot.artifacts.fingerprints import module_sources_digest, packer_code_digest
 from cute_aot.kernels import family_facts, source_hash
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 # Bump when the layout or the meaning of a digest changes: old entries are then never found.
 CACHE_FORMAT = 1
@@ -35,7 +48,12 @@ VOLATILE_ROW_FIELDS = frozenset({"object", "seconds", "status", "error", "traceb
 
 # Code whose change changes an object (the worker's export options) or a bundle (link, pack,
 # container). Kernel sources are covered per family by source_hash.
-WORKER_MODULES = ("cute_aot.aot.compile_worker", "cute_aot.aot.binary_info")
+WORKER_MODULES = (
+    "cute_aot.aot.compile_worker",
+    "cute_aot.aot.binary_info",
+    "cute_aot.artifacts.elf",  # the worker's rows hold what these readers find in an object
+    "cute_aot.artifacts.fatbin",
+)
 
 
 def default_cache_root() -> Path:
@@ -107,12 +125,23 @@ def _compiler_identity(compiler: str) -> str:
 class BuildCache:
     """Objects and bundles from earlier builds, found by the digest of everything they depend on."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        sign_key: Ed25519PrivateKey | None = None,
+        trusted_keys: Mapping[str, signing.TrustedKey] | None = None,
+    ):
+        """sign_key: sign every record published. trusted_keys: use only entries whose record
+        one of these keys signed (None: every intact entry, as a private cache may)."""
         self.root = Path(root)
         # Read once: a release plan has thousands of keys and metadata look-ups are not free.
         self.toolchain = toolchain.fingerprint()
+        self.sign_key = sign_key
+        self.trusted_keys = trusted_keys
         self.hits = 0
         self.misses = 0
+        self.untrusted = 0  # entries (objects and bundles) refused: not signed by a trusted key
         self.write_error: str | None = None  # set once writing failed; writing then stops
 
     # -- digests ---------------------------------------------------------------------------
@@ -202,13 +231,30 @@ class BuildCache:
         ):
             self._discard(record_path, data_path)  # corrupt: let the next build publish it anew
             return None
+        if not self._vouched_for(kind, digest, record, record_path):
+            return None
         return data, record
+
+    def _vouched_for(self, kind: str, digest: str, record: dict, record_path: Path) -> bool:
+        """Whether this build may use the entry. The data was just checked against the record's
+        sha256, so a verified signature over the record covers the very bytes returned."""
+        if self.trusted_keys is None:
+            return True
+        try:
+            signing.verify_cache_record(kind, digest, record, self.trusted_keys, record_path)
+        except SignatureError:
+            # Not removed: it may be another writer's good entry, just not one we can vouch for.
+            self.untrusted += 1
+            return False
+        return True
 
     def _put(self, kind: str, digest: str, suffix: str, data: bytes, record: dict) -> None:
         if self.write_error:
             return
         data_path, record_path = self._paths(kind, digest, suffix)
         record = {**record, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        if self.sign_key is not None:
+            record = signing.sign_cache_record(kind, digest, record, self.sign_key)
         try:
             if not publish_once(data_path, data) and data_path.read_bytes() != data:
                 # Another writer's different bytes hold the name: a record of ours would

@@ -635,9 +635,7 @@ def _refuse_build_options(ctx: click.Context) -> None:
     if not given:
         return
     sub = ctx.invoked_subcommand
-    sub_command = (
-        ctx.command.get_command(ctx, sub) if isinstance(ctx.command, click.Group) else None
-    )
+    sub_command = ctx.command.get_command(ctx, sub) if sub else None
     sub_names = {param.name for param in sub_command.params} if sub_command else set()
     misplaced = [param.opts[0] for param in given if param.name in sub_names]
     if misplaced:  # e.g. `aot-build --sign-key K merge ...`: merge takes it, after its name
