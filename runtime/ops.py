@@ -37,9 +37,15 @@ class FamilyOp:
         self.inputs: tuple[TensorArg, ...] = kernel_family.inputs
         self.output: TensorArg = kernel_family.output
         self.out_dtype = getattr(torch, self.output.dtype)
-        # (input shapes..., input devices...) -> (function, output shape): filled on the checked
-        # path, emptied whenever bundles are loaded or cleared or the mode changes.
+        # table_key(input shapes, device) -> (function, output shape): filled on the checked
+        # path, emptied whenever bundles are loaded or cleared or the mode changes. Devices are
+        # not read on the hit path where every GPU has one architecture: a function serves every
+        # device of its architecture, the exported function refuses tensors on another device
+        # than the first's (or on the CPU), and the checked path then says why.
         self.table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
+        # Kernels are resolved per architecture; only when this process sees GPUs of several
+        # architectures must the hit path read the device too.
+        self.per_device = len(_visible_archs()) > 1
         REGISTRY.on_change(self.table.clear)
         self.call = _hit_path(self)
         _define_torch_op(self)
@@ -52,10 +58,7 @@ class FamilyOp:
             raise failure  # the inputs are fine: a real failure of the kernel call
         device = inputs[0].get_device()
         function, out_shape = self.resolve(problem, device)
-        self.table[(*(t.shape for t in inputs), *(t.get_device() for t in inputs))] = (
-            function,
-            out_shape,
-        )
+        self.table[self.table_key([t.shape for t in inputs], device)] = (function, out_shape)
         if out is None:
             out = torch.empty(out_shape, dtype=self.out_dtype, device=inputs[0].device)
         function(*inputs, out)
@@ -123,7 +126,11 @@ class FamilyOp:
         """Resolve `problem` on `device` now and remember it for the hit path (warm-up)."""
         resolved = self.resolve(problem, device)
         shapes = [torch.Size(shape) for shape in self.family.input_shapes(problem)]
-        self.table[(*shapes, *[device] * len(shapes))] = resolved
+        self.table[self.table_key(shapes, device)] = resolved
+
+    def table_key(self, shapes, device: int) -> tuple:
+        """The hit path's lookup key (see _HIT_PATH)."""
+        return (*shapes, device) if self.per_device else tuple(shapes)
 
     def reference_function(self) -> Callable:
         """The torch fallback, which checks its inputs on every call (no C checks guard it)."""
@@ -134,6 +141,10 @@ class FamilyOp:
             out.copy_(self.family.reference(*inputs))
 
         return reference
+
+
+def _visible_archs() -> set[str | None]:
+    return {device_arch(index) for index in range(torch.cuda.device_count())}
 
 
 def _check_kind(name: str, arg: TensorArg, tensor: Any) -> None:
@@ -162,18 +173,20 @@ def _check_placement(name: str, arg: TensorArg, tensor: torch.Tensor) -> None:
 
 _HIT_PATH = """
 def {name}({args}, out=None):
-    if is_dynamo_compiling():
-        # torch.compile sees the custom op (with its Meta kernel), not this Python.
-        result = torch_op({args})
-        return result if out is None else out.copy_(result)
     try:
-        function, out_shape = table[({shapes}, {devices})]
+        function, out_shape = table[({key})]
         if out is None:
             out = empty(out_shape, dtype=out_dtype, device={first}.device)
         function({args}, out)
         return out
     except Exception as exc:  # the checked path explains it, or resolves a new shape
         return checked(({args},), out, exc)
+
+
+def traced_{name}({args}, out=None):
+    # What torch.compile traces instead (see _hit_path): the torch op and its Meta kernel.
+    result = torch_op({args})
+    return result if out is None else out.copy_(result)
 """
 
 
@@ -182,15 +195,11 @@ def _hit_path(op: FamilyOp) -> Callable:
     parameters and a literal lookup key cost less than *args and a loop, and the hit path is
     what a server pays on every call."""
     names = [arg.name for arg in op.inputs]
+    key = [f"{n}.shape" for n in names] + ([f"{names[0]}.get_device()"] if op.per_device else [])
     source = _HIT_PATH.format(
-        name=op.family.name,
-        args=", ".join(names),
-        shapes=", ".join(f"{n}.shape" for n in names),
-        devices=", ".join(f"{n}.get_device()" for n in names),
-        first=names[0],
+        name=op.family.name, args=", ".join(names), key=", ".join(key) + ",", first=names[0]
     )
     scope = {
-        "is_dynamo_compiling": torch.compiler.is_dynamo_compiling,
         "torch_op": lambda *inputs: getattr(torch.ops.cute_aot, op.family.name)(*inputs),
         "table": op.table,
         "empty": torch.empty,
@@ -199,6 +208,9 @@ def _hit_path(op: FamilyOp) -> Callable:
     }
     exec(compile(source, f"<cute_aot op {op.family.name}>", "exec"), scope)
     function = scope[op.family.name]
+    # torch.compile must not trace the hit path (a dict lookup and a foreign C call): it
+    # substitutes the traced version, and eager calls pay no "am I being compiled?" check.
+    torch._dynamo.substitute_in_graph(function)(scope[f"traced_{op.family.name}"])
     function.__doc__ = (
         f"{op.family.name}({', '.join(names)}, out=None) on the current torch stream of the "
         f"inputs' device.\n\n" + "\n".join(arg.describe() for arg in op.family.abi)

@@ -446,8 +446,8 @@ def test_the_hot_path_hands_a_mismatch_to_the_checked_path(kernels, monkeypatch)
     key, function = next((k, f) for k, f in kernels.items() if k.backend == "dot")
     m, k, n = key.m, key.k, 64
     table = ops.family_op("router_gemm").table
-    # shapes, then device indices (-1: CPU); the table entry is (function, output shape)
-    monkeypatch.setitem(table, (torch.Size((m, k)), torch.Size((n, k)), -1, -1), (function, (m, n)))
+    key = ops.family_op("router_gemm").table_key([torch.Size((m, k)), torch.Size((n, k))], -1)
+    monkeypatch.setitem(table, key, (function, (m, n)))  # entry: (function, output shape)
     cases = {
         "x must be bfloat16": (
             torch.zeros(m, k, dtype=torch.float16),

@@ -199,3 +199,29 @@ def test_a_too_old_driver_is_refused_before_dlopen(fresh_runtime, tmp_path, monk
     monkeypatch.setattr(device, "driver_cuda_version", lambda: (13, 0))
     with pytest.raises(AssertionError, match="dlopen reached"):
         open_bundle(path, gpu_arch="sm_90a")
+
+
+@pytest.mark.parametrize("with_out", [False, True], ids=["returned", "out="])
+def test_torch_compile_traces_the_torch_op_not_the_hit_path(with_out):
+    """fullgraph: dynamo substitutes the op's traced version (the torch op with its Meta
+    kernel) for the hit path, which eager calls run without any "am I compiling?" check."""
+    from cute_aot.runtime import op
+
+    router_gemm = op("router_gemm")
+    graphs = []
+
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module)
+        (outputs,) = [node.args[0] for node in graph_module.graph.nodes if node.op == "output"]
+        # traced only: there is no CPU kernel to run
+        return lambda *args: [torch.zeros(2, 8) for _ in outputs]
+
+    def forward(x, w, out):
+        logits = router_gemm(x, w, out=out) if with_out else router_gemm(x, w)
+        return torch.softmax(logits, dim=-1)
+
+    x, w = _bf16(2, 64), _bf16(8, 64)
+    torch.compile(forward, fullgraph=True, backend=record)(x, w, torch.empty(2, 8))
+    (graph,) = graphs
+    targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    assert "cute_aot.router_gemm" in targets

@@ -135,11 +135,10 @@ def test_preload_model_resolves_every_router_shape(fresh_runtime):
     )
     assert preload_model(model) == {"router_gemm": [(7168, 256)]}
     device, arch = torch.cuda.current_device(), current_gpu_arch()
-    table = family_op("router_gemm").table
+    op = family_op("router_gemm")
     for m in range(1, 17):
-        function, out_shape = table[
-            (torch.Size((m, 7168)), torch.Size((256, 7168)), device, device)
-        ]
+        shapes = [torch.Size((m, 7168)), torch.Size((256, 7168))]
+        function, out_shape = op.table[op.table_key(shapes, device)]
         # the bundle's own kernel, not a JIT result or the torch fallback
         bundle_function = REGISTRY.bundle_function(
             "router_gemm", dispatch(m, 7168, 256, arch).id, arch

@@ -1,35 +1,122 @@
-"""The overlay cache's housekeeping: what it holds (`aot-cache ls`), and pruning it while servers
-use it (`aot-cache gc`).
+"""The per-user cache dir's housekeeping: what the overlay holds (`aot-cache ls`), and pruning
+all three caches while servers and builds use them (`aot-cache gc`).
 
-Safe with live readers and publishers: files are unlinked one at a time (a process that has one
-open or mapped keeps reading it; one that opens it a moment later takes the miss path and
-compiles again), nothing younger than a grace period is touched (a publisher's fresh link
-survives), and folders are never removed (a publisher may be about to create a file in one).
+What is collected, in units that go together or not at all (commit marker listed first):
+
+    overlay/<fingerprint>/<arch>/<key id>.cuteaot           one file (runtime/overlay.py)
+    overlay/.../<key id>.cuteaot.refused-<random>           set aside by a reader: always goes
+    libs/<sha256>.verified.json + libs/<sha256>.so          the facts, then the library (loader)
+    <build>/{objects,bundles}/<d[:2]>/<d>.json + <d>.{o,cuteaot}   record, then data (build_cache)
+    .<name>.<random>.tmp anywhere under those, and elsewhere in the cache dir when every cache is
+    collected: temporaries (artifacts/atomic.py), only once an hour old (younger ones may still
+    be being written)
+
+A unit's last use is the newest atime or mtime of its files: readers read (atime), writers
+publish (mtime). With the usual `relatime` mount option the kernel updates atime at least once a
+day on a read, which is enough for ages counted in days; on a `noatime` mount last use falls
+back to when the unit was written.
+
+Safe with live servers and builds:
+- A unit's commit marker is unlinked before its data, so a concurrent reader finds a whole entry
+  or a miss: never a build record without its object, never a library whose verified facts
+  outlive it (the loader trusts a library only with its facts, and re-verifies without them).
+- Unlinking a library a server has mapped or opened is fine: the mapping and the descriptor keep
+  the inode alive. A reader that opens a name a moment later takes its miss path.
+- Nothing last used less than `grace` seconds ago goes (a publisher's fresh link survives), and
+  right before each unlink the file is looked at again: one replaced or used since it was planned
+  is kept. Folders are never removed (a publisher may be about to create a file in one).
+- Symbolic links are never followed: every folder below a cache's root is opened with
+  O_NOFOLLOW relative to its parent's descriptor, and files are unlinked relative to their
+  folder's, so nothing outside the cache dir is read or removed. A link found where a unit's file
+  belongs is removed as the link it is.
+- Files and folders that vanish mid-walk (another gc, a reader discarding a bad entry) are
+  skipped; removing what is already gone counts as nothing.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cute_aot.aot.build_cache import CACHE_SUBDIR
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 from cute_aot.kernels import families
-from cute_aot.runtime import overlay
+from cute_aot.runtime import overlay, paths
 
+CACHES = ("build", "libs", "overlay")
+OTHER = "other"  # temporaries elsewhere in the cache dir (keys/, ...)
 GRACE_S = 60.0
-TEMPORARY_DEBRIS_S = 3600.0  # a publisher's temporary this old was left by a killed process
+TEMPORARY_DEBRIS_S = 3600.0  # a temporary this old was left by a killed writer
+MAX_DEPTH = 8  # the caches are 3 folders deep; a deeper tree is not ours to walk
+
+LIBRARY_SUFFIX = ".so"
+FACTS_SUFFIX = ".verified.json"  # loader._facts_path
+RECORD_SUFFIX = ".json"  # build_cache: the record beside each entry's data
+BUILD_DATA_SUFFIXES = {"objects": ".o", "bundles": BUNDLE_SUFFIX}
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
-class CacheFile:
-    path: Path
+class FileState:
+    """One file of a unit as the walk saw it."""
+
+    name: str
+    identity: tuple[int, int, int, int]  # dev, inode, size, mtime: tells it from a replacement
     size: int
-    age_s: float
+    last_use_ns: int  # max(atime, mtime)
+
+
+@dataclass(frozen=True)
+class CacheUnit:
+    """Files that are kept or removed together, commit marker first."""
+
+    cache: str  # build | libs | overlay | other
+    kind: str  # entry | refused | library | object | bundle | temporary
+    base: Path  # the folder the walk started from (followed, as the user named it)
+    folder: tuple[str, ...]  # the unit's folder below `base`: never followed
+    files: tuple[FileState, ...]
+    age_s: float = 0.0  # since last use, when planned
     reason: str | None = None  # why it is removed; None: kept
 
+    @property
+    def path(self) -> Path:
+        """The unit's data file (its last), or whatever is left of it."""
+        return self.base.joinpath(*self.folder, self.files[-1].name)
 
+    @property
+    def paths(self) -> list[Path]:
+        return [self.base.joinpath(*self.folder, f.name) for f in self.files]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def last_use(self) -> float:
+        return max(f.last_use_ns for f in self.files) / 1e9
+
+
+@dataclass(frozen=True)
+class CacheRoot:
+    """Where one cache lives: `base` is followed (the user chose it), `below` never is."""
+
+    name: str
+    base: Path
+    below: tuple[str, ...]
+
+    @property
+    def path(self) -> Path:
+        return self.base.joinpath(*self.below)
+
+
+# -- the overlay, for `aot-cache ls` ---------------------------------------------------------------
 def current_fingerprints() -> dict[str, str]:
     """Overlay fingerprint -> family, for this installation's toolchain and kernel sources."""
     return {overlay.fingerprint(name): name for name in families()}
@@ -46,7 +133,7 @@ def overlay_summary() -> list[dict]:
     groups: dict[Path, dict] = {}
     for path in overlay_files():
         try:
-            stat = path.stat()
+            info = path.stat()
         except FileNotFoundError:  # removed by a concurrent gc
             continue
         fingerprint = path.parent.parent.name
@@ -64,26 +151,232 @@ def overlay_summary() -> list[dict]:
             },
         )
         group["keys"] += 1
-        group["file_size"] += stat.st_size
-        group["newest_mtime"] = max(group["newest_mtime"], stat.st_mtime)
+        group["file_size"] += info.st_size
+        group["newest_mtime"] = max(group["newest_mtime"], info.st_mtime)
     return list(groups.values())
 
 
-def _is_temporary(path: Path) -> bool:
-    """publish_once's temporary names: .<name>.<random>.tmp"""
-    return path.name.startswith(".") and path.name.endswith(".tmp")
-
-
-def _files(root: Path, now: float) -> list[CacheFile]:
-    found = []
-    for path in root.rglob("*") if root.is_dir() else []:
+# -- walking without following links ---------------------------------------------------------------
+def _open_folder(base: Path, below: tuple[str, ...]) -> int | None:
+    """A descriptor of base/below, opening each part of `below` with O_NOFOLLOW relative to its
+    parent: a part that is (or has just become) a link is refused, never followed."""
+    try:
+        fd = os.open(base, _DIR_FLAGS)
+    except OSError:
+        return None
+    for part in below:
         try:
-            stat = path.lstat()
-        except FileNotFoundError:
+            child = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            child = None
+        os.close(fd)
+        if child is None:
+            return None
+        fd = child
+    return fd
+
+
+def _list(fd: int) -> list[str]:
+    """Names in the folder open at `fd` (a seam for tests that make files vanish mid-walk)."""
+    return os.listdir(fd)
+
+
+def _file_state(name: str, info: os.stat_result) -> FileState:
+    return FileState(
+        name,
+        (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns),
+        info.st_size,
+        max(info.st_atime_ns, info.st_mtime_ns),
+    )
+
+
+def _walk(
+    root: CacheRoot, walked: set[tuple[int, int]], skip: frozenset | set = frozenset()
+) -> list[tuple[tuple[str, ...], FileState]]:
+    """(folder below root.base, file) for every non-folder under the root, links included as
+    themselves. The root's folder (device, inode) is added to `walked`; folders in `skip` are
+    left out."""
+    fd = _open_folder(root.base, root.below)
+    if fd is None:
+        return []
+    info = os.fstat(fd)
+    walked.add((info.st_dev, info.st_ino))
+    found: list[tuple[tuple[str, ...], FileState]] = []
+    _walk_folder(fd, root.below, skip, found)
+    return found
+
+
+def _walk_folder(fd: int, folder: tuple[str, ...], skip: set, found: list) -> None:
+    """Closes fd."""
+    try:
+        names = _list(fd)
+    except OSError:  # removed meanwhile
+        names = []
+    try:
+        for name in sorted(names):
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:  # vanished between listing and looking
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                found.append((folder, _file_state(name, info)))
+            elif (info.st_dev, info.st_ino) not in skip and len(folder) < MAX_DEPTH:
+                try:
+                    child = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError:  # vanished, or swapped for a link since the stat
+                    continue
+                _walk_folder(child, (*folder, name), skip, found)
+    finally:
+        os.close(fd)
+
+
+# -- what is where ---------------------------------------------------------------------------------
+def is_temporary(name: str) -> bool:
+    """atomic.py's temporary names: .<name>.<random>.tmp"""
+    return len(name) > len("..tmp") and name.startswith(".") and name.endswith(".tmp")
+
+
+def cache_roots(caches: Iterable[str] = CACHES, build_root: Path | None = None) -> list[CacheRoot]:
+    """The roots of the chosen caches. The build cache's default is `build` in the cache dir;
+    `build_root` (aot-build --cache-dir) is followed as given, like the cache dir itself."""
+    base = paths.cache_dir()
+    where = {
+        "overlay": CacheRoot("overlay", base, (overlay.overlay_root().name,)),
+        "libs": CacheRoot("libs", base, ("libs",)),
+        "build": (
+            CacheRoot("build", base, (CACHE_SUBDIR,))
+            if build_root is None
+            else CacheRoot("build", Path(build_root), ())
+        ),
+    }
+    return [where[name] for name in CACHES if name in set(caches)]
+
+
+def _temporary(root: CacheRoot, folder: tuple[str, ...], file: FileState) -> CacheUnit:
+    return CacheUnit(root.name, "temporary", root.base, folder, (file,))
+
+
+def _is_refused(name: str) -> bool:
+    """<key id>.cuteaot.refused-<random>: set aside by overlay.set_aside."""
+    entry, mark, _ = name.partition(overlay.REFUSED_MARK)
+    return bool(mark) and entry.endswith(BUNDLE_SUFFIX)
+
+
+def _overlay_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    units = []
+    for folder, file in _walk(root, walked):
+        if is_temporary(file.name):
+            kind = "temporary"
+        elif file.name.endswith(BUNDLE_SUFFIX):
+            kind = "entry"
+        elif _is_refused(file.name):
+            kind = "refused"
+        else:
+            continue  # not ours to judge
+        units.append(CacheUnit(root.name, kind, root.base, folder, (file,)))
+    return units
+
+
+def _paired_units(
+    root: CacheRoot,
+    found: list[tuple[tuple[str, ...], FileState]],
+    kind: str,
+    marker_suffix: str,
+    data_suffix: str,
+) -> list[CacheUnit]:
+    """<hex><marker suffix> + <hex><data suffix> per folder, as units (marker first); either
+    may be missing (a writer between its two files, a reader that discarded a bad entry)."""
+    pairs: dict[tuple[tuple[str, ...], str], dict[str, FileState]] = {}
+    units = []
+    for folder, file in found:
+        if is_temporary(file.name):
+            units.append(_temporary(root, folder, file))
             continue
-        if path.is_file() and not path.is_symlink():
-            found.append(CacheFile(path, stat.st_size, now - stat.st_mtime))
-    return sorted(found, key=lambda f: (-f.age_s, str(f.path)))  # oldest first
+        for role, suffix in (("marker", marker_suffix), ("data", data_suffix)):
+            stem = file.name.removesuffix(suffix)
+            if stem != file.name and _HEX64.fullmatch(stem):
+                pairs.setdefault((folder, stem), {})[role] = file
+                break
+    for (folder, _), files in sorted(pairs.items()):
+        ordered = tuple(files[role] for role in ("marker", "data") if role in files)
+        units.append(CacheUnit(root.name, kind, root.base, folder, ordered))
+    return units
+
+
+def _libs_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    """Libraries and their facts directly in libs/; temporaries at any depth."""
+    found = [
+        (folder, f)
+        for folder, f in _walk(root, walked)
+        if folder == root.below or is_temporary(f.name)
+    ]
+    return _paired_units(root, found, "library", FACTS_SUFFIX, LIBRARY_SUFFIX)
+
+
+def _build_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    """Only objects/ and bundles/ are walked: --build-cache may name a folder that holds more."""
+    units = []
+    for kind, suffix in BUILD_DATA_SUFFIXES.items():
+        sub = CacheRoot(root.name, root.base, (*root.below, kind))
+        found = [
+            (folder, f)
+            for folder, f in _walk(sub, walked)
+            if is_temporary(f.name) or _is_shard(folder, sub.below, f.name)
+        ]
+        units += _paired_units(sub, found, kind.removesuffix("s"), RECORD_SUFFIX, suffix)
+    return units
+
+
+def _is_shard(folder: tuple[str, ...], below: tuple[str, ...], name: str) -> bool:
+    """<kind>/<d[:2]>/<d>...: one folder down, named by the first two digits of the name."""
+    return len(folder) == len(below) + 1 and name[:2] == folder[-1]
+
+
+def _other_temporaries(skip: set) -> list[CacheUnit]:
+    """Temporaries anywhere else in the cache dir (keys/, the miss log's folder...)."""
+    root = CacheRoot(OTHER, paths.cache_dir(), ())
+    found = _walk(root, set(), skip)
+    return [_temporary(root, folder, f) for folder, f in found if is_temporary(f.name)]
+
+
+def find_units(caches: Iterable[str] = CACHES, build_root: Path | None = None) -> list[CacheUnit]:
+    """Every unit of the chosen caches; with all three, temporaries elsewhere in the cache dir."""
+    chosen = set(caches)
+    walked: set[tuple[int, int]] = set()
+    units: list[CacheUnit] = []
+    for root in cache_roots(chosen, build_root):
+        collect = {"overlay": _overlay_units, "libs": _libs_units, "build": _build_units}
+        units += collect[root.name](root, walked)
+    if chosen >= set(CACHES):
+        units += _other_temporaries(walked)  # the caches' own folders were walked above
+    return units
+
+
+# -- deciding --------------------------------------------------------------------------------------
+def _reason(
+    unit: CacheUnit,
+    older_than: float | None,
+    current: dict[str, str] | None,
+    grace: float,
+) -> str | None:
+    if unit.kind == "refused":
+        return "set aside by a reader (never read again)"
+    if unit.kind == "temporary":
+        return "temporary left by a killed writer" if unit.age_s >= TEMPORARY_DEBRIS_S else None
+    if unit.age_s < grace:
+        return None
+    if older_than is not None and unit.age_s >= older_than:
+        return "unused for longer than --older-than"
+    if current is not None and unit.cache == "overlay":
+        fingerprint = unit.folder[1] if len(unit.folder) > 1 else ""
+        if fingerprint not in current:
+            return "other toolchain or kernel sources (--stale)"
+    return None
+
+
+def _evictable(unit: CacheUnit, grace: float) -> bool:
+    # A young temporary is its writer's, not ours; a unit used within the grace period is in use.
+    return unit.kind != "temporary" and unit.age_s >= grace
 
 
 def plan(
@@ -92,44 +385,91 @@ def plan(
     stale: bool = False,
     grace: float = GRACE_S,
     now: float | None = None,
-) -> tuple[list[CacheFile], list[CacheFile]]:
-    """(remove, keep). Temporaries of killed publishers always go; then entries older than
-    `older_than`, of fingerprints this installation does not use (`stale`), and the oldest
-    until at most `max_size` bytes are left. Nothing younger than `grace` seconds is removed."""
-    root = overlay.overlay_root()
-    current = current_fingerprints()
+    caches: Iterable[str] = CACHES,
+    build_root: Path | None = None,
+) -> tuple[list[CacheUnit], list[CacheUnit]]:
+    """(remove, keep), least recently used first. Refused overlay entries and temporaries of
+    killed writers always go; then units unused for `older_than` seconds, overlay entries of
+    fingerprints this installation does not use (`stale`), and, after those, the least recently
+    used until at most `max_size` bytes are left in the chosen caches. Nothing used less than
+    `grace` seconds ago is removed."""
+    now = time.time() if now is None else now
+    current = current_fingerprints() if stale else None  # only then: it reads the overlay key
+    units = [replace(u, age_s=now - u.last_use) for u in find_units(caches, build_root)]
     remove, keep = [], []
-    for item in _files(root, time.time() if now is None else now):
-        reason = None
-        if item.age_s < grace:
-            pass
-        elif _is_temporary(item.path):
-            if item.age_s >= TEMPORARY_DEBRIS_S:
-                reason = "temporary left by a killed publisher"
-        elif older_than is not None and item.age_s >= older_than:
-            reason = "older than --older-than"
-        elif stale and item.path.relative_to(root).parts[0] not in current:
-            reason = "other toolchain or kernel sources (--stale)"
-        (remove if reason else keep).append(CacheFile(item.path, item.size, item.age_s, reason))
+    for unit in sorted(units, key=lambda u: (u.last_use, str(u.path))):
+        reason = _reason(unit, older_than, current, grace)
+        (remove if reason else keep).append(replace(unit, reason=reason))
     if max_size is not None:
-        total = sum(f.size for f in keep)
-        for item in list(keep):  # oldest first
+        total = sum(u.size for u in keep)
+        for unit in list(keep):  # least recently used first
             if total <= max_size:
                 break
-            if item.age_s >= grace and not _is_temporary(item.path):
-                keep.remove(item)
-                remove.append(CacheFile(item.path, item.size, item.age_s, "over --max-size"))
-                total -= item.size
+            if _evictable(unit, grace):
+                keep.remove(unit)
+                remove.append(replace(unit, reason="least recently used, over --max-size"))
+                total -= unit.size
     return remove, keep
 
 
-def remove_files(files: list[CacheFile]) -> list[CacheFile]:
-    """Unlink each file; returns those this call removed (another gc may have been faster)."""
-    removed = []
-    for item in files:
-        try:
-            os.unlink(item.path)
-        except FileNotFoundError:
-            continue
-        removed.append(item)
+# -- removing --------------------------------------------------------------------------------------
+def _unlink(fd: int, name: str) -> None:
+    """A seam for tests that watch the order of removal."""
+    os.unlink(name, dir_fd=fd)
+
+
+def _as_planned(fd: int, file: FileState) -> bool | None:
+    """True: the file is the one planned and unused since; False: replaced or used meanwhile;
+    None: gone."""
+    try:
+        info = os.stat(file.name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    now = _file_state(file.name, info)
+    return now.identity == file.identity and now.last_use_ns <= file.last_use_ns
+
+
+def _remove_unit(unit: CacheUnit) -> bool:
+    """Unlink the unit's files, commit marker first; False if nothing was removed here."""
+    fd = _open_folder(unit.base, unit.folder)
+    if fd is None:  # the folder went (or became a link): nothing of ours to remove
+        return False
+    removed = False
+    try:
+        if any(_as_planned(fd, f) is False for f in unit.files):
+            return False  # republished or used since it was planned: in use, keep it whole
+        for file in unit.files:
+            # Looked at again right before its unlink: after the marker went, a writer may have
+            # published fresh data under the data's name; that is theirs.
+            if not _as_planned(fd, file):
+                continue
+            try:
+                _unlink(fd, file.name)
+            except FileNotFoundError:  # another gc, or a reader discarding it, was faster
+                continue
+            removed = True
+    finally:
+        os.close(fd)
     return removed
+
+
+def remove_files(units: Iterable[CacheUnit]) -> list[CacheUnit]:
+    """Remove each unit's files; returns the units this call removed (another gc, or a reader
+    discarding a bad entry, may have been faster; a unit used since it was planned is kept)."""
+    return [unit for unit in units if _remove_unit(unit)]
+
+
+def summary(
+    removed: list[CacheUnit], keep: list[CacheUnit], roots: list[CacheRoot]
+) -> dict[str, dict]:
+    """Per cache: its root, units and bytes removed and kept."""
+    rows = {root.name: {"root": str(root.path)} for root in roots}
+    if any(u.cache == OTHER for u in removed + keep):
+        rows[OTHER] = {"root": str(paths.cache_dir())}
+    for row in rows.values():
+        row.update(removed=0, bytes_removed=0, kept=0, bytes_kept=0)
+    for units, label in ((removed, "removed"), (keep, "kept")):
+        for unit in units:
+            rows[unit.cache][label] += 1
+            rows[unit.cache][f"bytes_{label}"] += unit.size
+    return rows
