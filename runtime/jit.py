@@ -82,3 +82,9 @@ def _publish(compiled, key, arch: str) -> None:
             ("overlay-publish", str(overlay.overlay_root())),
             f"overlay cache off: cannot publish JIT results under {overlay.overlay_root()} ({exc})",
         )
+
+
+def forget_compiled() -> None:
+    """Drop this process's compiled kernels (tests: each starts from an empty JIT cache)."""
+    with _table_lock:
+        _results.clear()

@@ -59,7 +59,7 @@ def stub_bundles(tmp_path_factory):
 @pytest.fixture
 def fresh_runtime(tmp_path, monkeypatch):
     """A clean process-wide runtime with its own cache dir and miss log."""
-    from cute_aot.runtime import REGISTRY, set_mode
+    from cute_aot.runtime import REGISTRY, jit, set_mode
     from cute_aot.runtime.notices import forget
 
     monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
@@ -67,6 +67,7 @@ def fresh_runtime(tmp_path, monkeypatch):
     monkeypatch.delenv("CUTE_AOT_MISS_LOG", raising=False)
     monkeypatch.delenv("CUTE_AOT_MODE", raising=False)
     REGISTRY.clear()
+    jit.forget_compiled()
     set_mode(None)
     forget()
     yield tmp_path / "cache"
