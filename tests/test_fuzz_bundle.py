@@ -252,6 +252,7 @@ def tally(base: Base, target: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow  # thousands of fuzzed bundles: CI runs it, the quick loop does not
 def test_fuzz_bundle_bytes(base):
     @FUZZ_SETTINGS
     @given(edits=byte_edits(len(base.data)))
@@ -264,6 +265,7 @@ def test_fuzz_bundle_bytes(base):
     assert {"ok", "BundleFormatError", "BundleIntegrityError"} <= set(counts), counts
 
 
+@pytest.mark.slow  # thousands of fuzzed bundles: CI runs it, the quick loop does not
 def test_fuzz_manifest(base):
     @FUZZ_SETTINGS
     @given(data=manifest_edits(base.manifest))
@@ -279,6 +281,7 @@ def test_fuzz_manifest(base):
     ), counts
 
 
+@pytest.mark.slow  # thousands of fuzzed bundles: CI runs it, the quick loop does not
 def test_fuzz_library(base):
     @FUZZ_SETTINGS
     @given(edits=byte_edits(len(base.library)))
