@@ -222,10 +222,11 @@ class Registry:
             function = self.overlay_function(key, arch)
             if function is not None:
                 return function
+            what = "compiling it now (JIT)" if jit.jit_available() else "JIT is not installed"
             warn_once(
                 ("miss", arch, key.id),
                 f"no prebuilt {key.FAMILY} kernel for {problem or key.describe()} on {arch} "
-                f"(key {key.id}); compiling it now (JIT) and recording the miss",
+                f"(key {key.id}); {what}; recording the miss",
             )
             record_miss(key, arch, problem or {})
             try:

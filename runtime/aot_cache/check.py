@@ -9,7 +9,6 @@ stale sources). Nothing is dlopened: the library is read as bytes.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 from pathlib import Path
 
@@ -20,21 +19,10 @@ from cute_aot.artifacts.fatbin import fatbin_sm_numbers, iter_fatbins, sm_number
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels.arch import arch_for_capability, normalize_arch
 from cute_aot.runtime import loader
+from cute_aot.runtime.device import driver_cuda_version  # noqa: F401  (also what the loader asks)
 from cute_aot.runtime.registry import stale_reasons
 
 Result = tuple[str, str]
-
-
-def driver_cuda_version() -> tuple[int, int] | None:
-    """The CUDA version the installed driver supports, or None without a driver."""
-    try:
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        version = ctypes.c_int(0)
-        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
-            return None
-    except (OSError, AttributeError):
-        return None
-    return version.value // 1000, (version.value % 1000) // 10
 
 
 def local_gpu() -> dict | None:
