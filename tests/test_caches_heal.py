@@ -138,3 +138,56 @@ def test_a_damaged_overlay_entry_is_replaced_and_used_by_the_next_process(fresh_
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"compiles": 0, "type": "Function", "cutlass": False}
+
+
+# -- the overlay's own trust policy ------------------------------------------------------------------
+def _entry(fresh_runtime, sign: bool):
+    """A one-kernel bundle at its overlay path (manifest only matters: trust is checked first)."""
+    import dataclasses
+
+    from cute_aot.artifacts.bundle import encode_bundle, read_manifest
+    from tests.test_bundle import _manifest
+
+    path = overlay.overlay_path(MISS_KEY, ARCH)
+    manifest = dataclasses.replace(_manifest(), name=f"overlay-{MISS_KEY.id}")
+    # as the JIT publishes: signed once the hashes are in (pack_bundle(..., sign=overlay.sign))
+    _, data = encode_bundle(manifest, b"not a library", sign=overlay.sign if sign else None)
+    assert publish_once(path, data)
+    return path, read_manifest(path)
+
+
+def test_overlay_entries_are_signed_with_a_private_per_user_key(fresh_runtime):
+    path, manifest = _entry(fresh_runtime, sign=True)
+    key_file = overlay.signing_key_path()
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    signer = overlay.check_trust(path, manifest)
+    assert signer.key_id == overlay.signer_key_id()
+
+
+def test_unsigned_overlay_entries_need_a_private_folder_and_no_signature_policy(
+    fresh_runtime, monkeypatch
+):
+    from cute_aot.artifacts.errors import SignatureError
+
+    path, manifest = _entry(fresh_runtime, sign=False)
+    assert overlay.check_trust(path, manifest) is None  # only this user could have written it
+    path.parent.chmod(0o777)  # now anyone could have
+    with pytest.raises(SignatureError, match="folder other users can write"):
+        overlay.check_trust(path, manifest)
+    path.parent.chmod(0o755)
+    monkeypatch.setenv("CUTE_AOT_REQUIRE_SIGNATURE", "1")
+    with pytest.raises(SignatureError, match="unsigned overlay entry and CUTE_AOT_REQUIRE"):
+        overlay.check_trust(path, manifest)
+
+
+def test_an_overlay_entry_signed_by_another_key_is_refused(fresh_runtime, monkeypatch, tmp_path):
+    from cute_aot.artifacts.errors import SignatureError
+
+    path, manifest = _entry(fresh_runtime, sign=True)
+    monkeypatch.setenv(overlay.OVERLAY_KEY_ENV, str(tmp_path / "another-hosts-key.pem"))
+    overlay._signing_key.cache_clear()
+    try:
+        with pytest.raises(SignatureError, match="not trusted"):
+            overlay.check_trust(path, manifest)
+    finally:
+        overlay._signing_key.cache_clear()
