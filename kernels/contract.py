@@ -80,8 +80,6 @@ class KernelFamily:
     archs: ClassVar[tuple[str, ...]]
     abi: ClassVar[tuple[TensorArg, ...]]
     builder: ClassVar[str]  # "package.module" defining compile(key, arch)
-    # The package whose .py/.json files make the kernel source hash (default: the family's own).
-    source_package: ClassVar[str | None] = None
     default_shapes: ClassVar[tuple[Shape, ...]] = ()
     # How a shape is written on the command line (`aot-build --shape FAMILY:K,N`), for help texts.
     shape_syntax: ClassVar[str] = ""
