@@ -173,6 +173,12 @@ def _check_placement(name: str, arg: TensorArg, tensor: torch.Tensor) -> None:
 
 _HIT_PATH = """
 def {name}({args}, out=None):
+    if is_dynamo_compiling():
+        # torch.compile sees the torch op (with its Meta kernel), not this Python. (A constant
+        # False in eager; substituting the function for dynamo instead would import
+        # torch._dynamo, seconds, into every server.)
+        result = torch_op({args})
+        return result if out is None else out.copy_(result)
     try:
         function, out_shape = table[({key})]
         if out is None:
@@ -181,12 +187,6 @@ def {name}({args}, out=None):
         return out
     except Exception as exc:  # the checked path explains it, or resolves a new shape
         return checked(({args},), out, exc)
-
-
-def traced_{name}({args}, out=None):
-    # What torch.compile traces instead (see _hit_path): the torch op and its Meta kernel.
-    result = torch_op({args})
-    return result if out is None else out.copy_(result)
 """
 
 
@@ -200,6 +200,7 @@ def _hit_path(op: FamilyOp) -> Callable:
         name=op.family.name, args=", ".join(names), key=", ".join(key) + ",", first=names[0]
     )
     scope = {
+        "is_dynamo_compiling": torch.compiler.is_dynamo_compiling,
         "torch_op": lambda *inputs: getattr(torch.ops.cute_aot, op.family.name)(*inputs),
         "table": op.table,
         "empty": torch.empty,
@@ -208,9 +209,6 @@ def _hit_path(op: FamilyOp) -> Callable:
     }
     exec(compile(source, f"<cute_aot op {op.family.name}>", "exec"), scope)
     function = scope[op.family.name]
-    # torch.compile must not trace the hit path (a dict lookup and a foreign C call): it
-    # substitutes the traced version, and eager calls pay no "am I being compiled?" check.
-    torch._dynamo.substitute_in_graph(function)(scope[f"traced_{op.family.name}"])
     function.__doc__ = (
         f"{op.family.name}({', '.join(names)}, out=None) on the current torch stream of the "
         f"inputs' device.\n\n" + "\n".join(arg.describe() for arg in op.family.abi)

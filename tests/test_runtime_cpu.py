@@ -1,6 +1,8 @@
 """Runtime behaviour that needs no GPU: compatibility checks before any dlopen, input checks."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -203,8 +205,8 @@ def test_a_too_old_driver_is_refused_before_dlopen(fresh_runtime, tmp_path, monk
 
 @pytest.mark.parametrize("with_out", [False, True], ids=["returned", "out="])
 def test_torch_compile_traces_the_torch_op_not_the_hit_path(with_out):
-    """fullgraph: dynamo substitutes the op's traced version (the torch op with its Meta
-    kernel) for the hit path, which eager calls run without any "am I compiling?" check."""
+    """fullgraph: under dynamo the op calls the torch op (with its Meta kernel), never the hit
+    path's dict lookup and foreign C call."""
     from cute_aot.runtime import op
 
     router_gemm = op("router_gemm")
@@ -225,3 +227,15 @@ def test_torch_compile_traces_the_torch_op_not_the_hit_path(with_out):
     (graph,) = graphs
     targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
     assert "cute_aot.router_gemm" in targets
+
+
+def test_making_an_op_imports_neither_dynamo_nor_cutlass():
+    """A server pays for the op, not for torch.compile's machinery (seconds) or the DSL."""
+    script = (
+        "import sys, torch; from cute_aot.runtime import router_gemm, op; op('router_gemm'); "
+        "print(sorted({m.split('.')[0] if m.startswith('cutlass') else m for m in sys.modules "
+        "if m.startswith(('torch._dynamo', 'cutlass'))}))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
