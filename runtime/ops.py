@@ -37,16 +37,17 @@ class FamilyOp:
         self.inputs: tuple[TensorArg, ...] = kernel_family.inputs
         self.output: TensorArg = kernel_family.output
         self.out_dtype = getattr(torch, self.output.dtype)
-        # table_key(input shapes, device) -> (function, output shape): filled on the checked
-        # path, emptied whenever bundles are loaded or cleared or the mode changes. Devices are
-        # not read on the hit path where every GPU has one architecture: a function serves every
-        # device of its architecture, the exported function refuses tensors on another device
-        # than the first's (or on the CPU), and the checked path then says why.
+        # (input shapes) -> (function, output shape), the hit path's table: filled on the checked
+        # path, emptied whenever bundles are loaded or cleared or the mode changes. Kernels are
+        # resolved per architecture, and where every GPU has one architecture a function serves
+        # every device (the exported function refuses tensors on another device than the
+        # first's, or on the CPU, and the checked path then says why). A process with GPUs of
+        # several architectures keeps its resolutions per device in `device_table` instead, so
+        # each call there takes the checked path.
         self.table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
-        # Kernels are resolved per architecture; only when this process sees GPUs of several
-        # architectures must the hit path read the device too.
-        self.per_device = len(_visible_archs()) > 1
-        REGISTRY.on_change(self.table.clear)
+        self.device_table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
+        self._per_device: bool | None = None  # decided at the first call: CUDA is in use then
+        REGISTRY.on_change(self.forget)
         self.call = _hit_path(self)
         _define_torch_op(self)
 
@@ -57,8 +58,12 @@ class FamilyOp:
         if not isinstance(failure, KeyError):
             raise failure  # the inputs are fine: a real failure of the kernel call
         device = inputs[0].get_device()
-        function, out_shape = self.resolve(problem, device)
-        self.table[self.table_key([t.shape for t in inputs], device)] = (function, out_shape)
+        shapes = [t.shape for t in inputs]
+        entry = self.device_table.get((*shapes, device)) if self.per_device else None
+        if entry is None:
+            entry = self.resolve(problem, device)
+            self.remember(shapes, device, entry)
+        function, out_shape = entry
         if out is None:
             out = torch.empty(out_shape, dtype=self.out_dtype, device=inputs[0].device)
         function(*inputs, out)
@@ -124,13 +129,26 @@ class FamilyOp:
 
     def preload(self, problem, device: int) -> None:
         """Resolve `problem` on `device` now and remember it for the hit path (warm-up)."""
-        resolved = self.resolve(problem, device)
         shapes = [torch.Size(shape) for shape in self.family.input_shapes(problem)]
-        self.table[self.table_key(shapes, device)] = resolved
+        self.remember(shapes, device, self.resolve(problem, device))
 
-    def table_key(self, shapes, device: int) -> tuple:
-        """The hit path's lookup key (see _HIT_PATH)."""
-        return (*shapes, device) if self.per_device else tuple(shapes)
+    @property
+    def per_device(self) -> bool:
+        """Whether this process sees GPUs of several architectures (asked once CUDA is in use:
+        asking at import would initialize CUDA before a server forks its workers)."""
+        if self._per_device is None:
+            self._per_device = len(_visible_archs()) > 1
+        return self._per_device
+
+    def remember(self, shapes, device: int, entry: tuple[Callable, tuple[int, ...]]) -> None:
+        if self.per_device:
+            self.device_table[(*shapes, device)] = entry
+        else:
+            self.table[tuple(shapes)] = entry
+
+    def forget(self) -> None:
+        self.table.clear()
+        self.device_table.clear()
 
     def reference_function(self) -> Callable:
         """The torch fallback, which checks its inputs on every call (no C checks guard it)."""
@@ -195,7 +213,7 @@ def _hit_path(op: FamilyOp) -> Callable:
     parameters and a literal lookup key cost less than *args and a loop, and the hit path is
     what a server pays on every call."""
     names = [arg.name for arg in op.inputs]
-    key = [f"{n}.shape" for n in names] + ([f"{names[0]}.get_device()"] if op.per_device else [])
+    key = [f"{n}.shape" for n in names]
     source = _HIT_PATH.format(
         name=op.family.name, args=", ".join(names), key=", ".join(key) + ",", first=names[0]
     )

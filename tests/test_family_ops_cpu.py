@@ -154,3 +154,46 @@ def test_a_second_thread_waits_for_the_bundles_of_the_environment(fresh_runtime,
     found = REGISTRY.bundle_function(key.FAMILY, key.id, ARCH)  # meanwhile, from this thread
     loader.join()
     assert found is kernel
+
+
+@pytest.mark.parametrize("several_archs", [False, True], ids=["one arch", "several archs"])
+def test_resolutions_are_kept_per_device_only_with_several_architectures(
+    router_op, monkeypatch, several_archs
+):
+    monkeypatch.setattr(
+        ops, "_visible_archs", lambda: {ARCH, "sm_100a"} if several_archs else {ARCH}
+    )
+    router_op._per_device = None
+    _no_jit(monkeypatch)
+    x, w = _inputs()
+    with pytest.warns(RuntimeWarning, match="torch reference"):
+        ops.op("router_gemm")(x, w)
+    shapes = (x.shape, w.shape)
+    if several_archs:  # every call takes the checked path, which finds it per device
+        assert router_op.table == {} and list(router_op.device_table) == [(*shapes, CPU)]
+    else:  # the hit path's table, by shapes alone
+        assert list(router_op.table) == [shapes] and router_op.device_table == {}
+    router_op._per_device = None
+
+
+def test_making_an_op_asks_nothing_of_cuda(monkeypatch):
+    """Asking GPUs for their architecture at import would initialize CUDA before a server forks
+    its workers; an op asks at its first call instead."""
+    from cute_aot.kernels import KernelFamily, TensorArg
+
+    class Scale(KernelFamily):
+        name = "scale_for_a_test"
+        version = 1
+        Key = ROUTER.Key
+        archs = (ARCH,)
+        abi = (TensorArg("x", "float32", 1), TensorArg("out", "float32", 1, output=True))
+        builder = "nowhere"
+
+    def no_cuda():
+        raise AssertionError("asked CUDA at construction")
+
+    monkeypatch.setattr(ops, "_visible_archs", no_cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", no_cuda)
+    op = ops.FamilyOp(Scale())
+    with pytest.raises(AssertionError, match="asked CUDA"):
+        op.per_device  # noqa: B018  (the first call asks, and only then)

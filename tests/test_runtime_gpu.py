@@ -138,7 +138,9 @@ def test_preload_model_resolves_every_router_shape(fresh_runtime):
     op = family_op("router_gemm")
     for m in range(1, 17):
         shapes = [torch.Size((m, 7168)), torch.Size((256, 7168))]
-        function, out_shape = op.table[op.table_key(shapes, device)]
+        function, out_shape = (
+            op.device_table[(*shapes, device)] if op.per_device else op.table[tuple(shapes)]
+        )
         # the bundle's own kernel, not a JIT result or the torch fallback
         bundle_function = REGISTRY.bundle_function(
             "router_gemm", dispatch(m, 7168, 256, arch).id, arch
