@@ -1,0 +1,337 @@
+"""Hopper GEMM family (wgmma + TMA), pure-Python part: key, tactic table, dispatch, shapes.
+
+    out[M, N] bf16 = x[M, K] @ w[N, K]^T (+ bias[N]), K-major operands, fp32 accumulation, sm_90a.
+
+NOT REGISTERED YET: this family has no entry point in pyproject.toml because its kernel has only
+been cross-compiled on CPU (SASS inspected), never run on a GPU. The next session verifies it on
+an H200 against `reference` and then adds
+``gemm_sm90 = "cute_aot.kernels.gemm_sm90:family"`` (and ``gemm_sm90_fp8``) to the
+``cute_aot.families`` entry points. Until then, use the objects directly:
+``from cute_aot.kernels.gemm_sm90 import family``.
+
+Two families share one kernel (kernel.py) because their exported functions' ABIs differ:
+
+* ``gemm_sm90`` (bf16): ``fn(x bf16 [M, K], w bf16 [N, K], bias bf16 [N], out bf16 [M, N])``.
+  bias is always passed; the key's ``has_bias`` decides whether the kernel reads it.
+* ``gemm_sm90_fp8`` (float8_e4m3fn, per-tensor scales): ``fn(x fp8 [M, K], w fp8 [N, K],
+  x_scale fp32 [1], w_scale fp32 [1], bias bf16 [N], out bf16 [M, N])`` computing
+  ``bf16(acc * x_scale * w_scale + bias)``. The scales are device scalars (read by the kernel,
+  never synchronised to the host), so a CUDA graph may capture calls whose scales change.
+
+The op's tensors always include bias, so `problem` reports has_bias=True; a bias-free layer is
+served by a has_bias=False key (asked for through `dispatch` with such a problem). Both variants
+are enumerated for every shape so a bundle holds both.
+
+This module never imports cutlass or torch at module level: servers import it on every call path.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
+from cute_aot.kernels.keys import KernelKey
+
+FAMILY = "gemm_sm90"
+FP8_FAMILY = "gemm_sm90_fp8"
+# Bump when the kernel's code generation changes in a way the other key fields do not capture.
+FAMILY_VERSION = 1
+
+BF16_DTYPE = "bfloat16"
+FP8_DTYPE = "float8_e4m3fn"
+OUT_DTYPE = "bfloat16"
+ALIGN_BYTES = 16  # TMA: every base address and every row (K * element size) 16-byte aligned
+ELEMENT_BYTES = {BF16_DTYPE: 2, FP8_DTYPE: 1}
+K_DIVISOR = {dtype: ALIGN_BYTES // size for dtype, size in ELEMENT_BYTES.items()}  # 8 / 16
+ARCHS = ("sm_90a",)
+
+# Shared memory (mirrors kernel.py, which re-checks it): 227 KiB per CTA less barriers.
+SMEM_CAPACITY = 232448
+BARRIER_RESERVE = 1024
+MAX_STAGES = 8
+TILE_K = {BF16_DTYPE: 64, FP8_DTYPE: 128}  # 128-byte rows either way
+
+# M buckets a server's batch sizes fall into (each bucket's M is also its upper edge).
+M_BUCKETS: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class Tactic(NamedTuple):
+    """One row of the tactic table: the largest M it serves and the CTA / cluster shape."""
+
+    max_m: int  # inclusive; the last row has no bound (0)
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+    why: str
+
+
+# The tactic table (data; the dispatch rule reads it top to bottom, first match wins).
+TACTICS: tuple[Tactic, ...] = (
+    Tactic(64, 64, 128, 1, 1, "decode-sized M: one consumer warpgroup, M tile 64 wastes least"),
+    Tactic(256, 128, 128, 1, 1, "mid M: two consumer warpgroups, 128x128 keeps enough CTAs"),
+    Tactic(0, 128, 256, 2, 1, "large M: 128x256 tiles, w tile multicast to a 2x1 cluster"),
+)
+# Below this N a 128x256 tile leaves too few CTAs; large M then keeps 128x128 (cluster 2x1).
+WIDE_TILE_MIN_N = 2048
+PDL = True
+
+
+def stages_for(dtype: str, tile_m: int, tile_n: int) -> int:
+    """As many pipeline stages as shared memory holds, at most MAX_STAGES."""
+    per_stage = (tile_m + tile_n) * TILE_K[dtype] * ELEMENT_BYTES[dtype]
+    return min(MAX_STAGES, (SMEM_CAPACITY - BARRIER_RESERVE) // per_stage)
+
+
+@dataclass(frozen=True)
+class GemmSm90Key(KernelKey):
+    """Everything that changes a Hopper GEMM binary; M, N and K are symbolic (not in the key)."""
+
+    FAMILY = FAMILY
+
+    dtype: str  # x and w: "bfloat16" | "float8_e4m3fn"
+    has_bias: bool
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+    stages: int
+    pdl: bool
+    out_dtype: str = OUT_DTYPE
+    align_bytes: int = ALIGN_BYTES
+    version: int = FAMILY_VERSION
+
+    def describe(self) -> str:
+        return (
+            f"{self.dtype} tile {self.tile_m}x{self.tile_n} cluster {self.cluster_m}x"
+            f"{self.cluster_n} stages={self.stages} bias={int(self.has_bias)} pdl={int(self.pdl)}"
+        )
+
+
+@dataclass(frozen=True)
+class GemmSm90Fp8Key(GemmSm90Key):
+    """The fp8 family's key: the same fields, its own family name (and so its own ids)."""
+
+    FAMILY = FP8_FAMILY
+
+
+def check_key(key: GemmSm90Key, arch: str) -> None:
+    """Refuse a key the kernel cannot be built for (build.py calls this before compiling)."""
+    if arch not in ARCHS:
+        raise UnsupportedProblemError(f"{key.FAMILY}: built for {', '.join(ARCHS)}, not {arch}")
+    if key.dtype not in ELEMENT_BYTES or key.out_dtype != OUT_DTYPE:
+        raise UnsupportedProblemError(f"{key.FAMILY}: key {key.describe()} has unknown dtypes")
+    if key.align_bytes != ALIGN_BYTES:
+        raise UnsupportedProblemError(f"{key.FAMILY}: align_bytes must be {ALIGN_BYTES}")
+
+
+class GemmProblem(NamedTuple):
+    m: int
+    n: int
+    k: int
+    dtype: str = BF16_DTYPE
+    has_bias: bool = True
+
+
+def check_problem(problem: GemmProblem, family: str) -> None:
+    """Refuse problems no kernel of `family` is built for, with the reason."""
+    m, n, k, dtype, _ = problem
+    wanted = FP8_DTYPE if family == FP8_FAMILY else BF16_DTYPE
+    if dtype != wanted:
+        other = FAMILY if dtype == BF16_DTYPE else FP8_FAMILY if dtype == FP8_DTYPE else None
+        hint = f" (use {other})" if other else ""
+        raise UnsupportedProblemError(f"{family} takes {wanted} x and w, got {dtype}{hint}")
+    if min(m, n, k) < 1:
+        raise UnsupportedProblemError(f"{family}: empty problem M={m} N={n} K={k}")
+    divisor = K_DIVISOR[dtype]
+    if k % divisor:
+        raise UnsupportedProblemError(
+            f"{family}: {dtype} rows must be {ALIGN_BYTES}-byte aligned for TMA, so K % "
+            f"{divisor} == 0; got K={k}"
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def choose(m: int, n: int, dtype: str) -> tuple[Tactic, int, int, int]:
+    """(table row, tile_n, cluster_m, stages) for a problem: the one rule, as data lookups."""
+    row = next(t for t in TACTICS if t.max_m == 0 or m <= t.max_m)
+    tile_n, cluster_m = row.tile_n, row.cluster_m
+    if row.tile_n > 128 and n < WIDE_TILE_MIN_N:
+        tile_n = 128
+    return row, tile_n, cluster_m, stages_for(dtype, row.tile_m, tile_n)
+
+
+def dispatch_problem(problem: GemmProblem, arch: str, family: str) -> Dispatch:
+    problem = GemmProblem(*problem)
+    check_problem(problem, family)
+    if arch not in ARCHS:
+        raise UnsupportedProblemError(f"{family}: built for {', '.join(ARCHS)} only, not {arch}")
+    m, n, k, dtype, has_bias = problem
+    row, tile_n, cluster_m, stages = choose(m, n, dtype)
+    key_class = GemmSm90Fp8Key if family == FP8_FAMILY else GemmSm90Key
+    key = key_class(
+        dtype, bool(has_bias), row.tile_m, tile_n, cluster_m, row.cluster_n, stages, PDL
+    )
+    bound = f"M={m} <= {row.max_m}" if row.max_m else f"M={m} > {TACTICS[-2].max_m}"
+    narrowed = f"; N={n} < {WIDE_TILE_MIN_N} narrows tile_n to 128" if tile_n != row.tile_n else ""
+    reason = (
+        f"{bound} -> tile {row.tile_m}x{tile_n}x{TILE_K[dtype]}, cluster "
+        f"{cluster_m}x{row.cluster_n} ({row.why}{narrowed}); {stages} stages fill shared "
+        f"memory; bias {'read' if has_bias else 'not read'}; pdl={int(PDL)}"
+    )
+    return Dispatch(key, reason)
+
+
+# (N, K) of the dense layers the default bundles serve (fused QKV and gate-up as served).
+DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
+    # Llama-3-8B: hidden 4096, 32 q / 8 kv heads of 128, intermediate 14336
+    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+    # Llama-3-70B: hidden 8192, 64 q / 8 kv heads of 128, intermediate 28672
+    (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),
+    # Qwen3-32B: hidden 5120, 64 q / 8 kv heads of 128, intermediate 25600
+    (10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600),
+    # DeepSeek-V3 dense MLP (first 3 layers): hidden 7168, intermediate 18432
+    (36864, 7168), (7168, 18432),
+)  # fmt: skip
+
+
+def shapes_from_config(config: dict[str, Any], family: str) -> list[tuple[int, int]]:
+    """(N, K) of a dense transformer's QKV, O, gate-up and down projections."""
+    hidden = config.get("hidden_size")
+    if not isinstance(hidden, int) or hidden < 1:
+        return []
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or (hidden // heads if isinstance(heads, int) else None)
+    intermediate = config.get("intermediate_size")
+    shapes: list[tuple[int, int]] = []
+    if all(isinstance(v, int) and v > 0 for v in (heads, kv_heads, head_dim)):
+        q = heads * head_dim
+        shapes += [(q + 2 * kv_heads * head_dim, hidden), (hidden, q)]
+    if isinstance(intermediate, int) and intermediate > 0:
+        shapes += [(2 * intermediate, hidden), (hidden, intermediate)]
+    dtype = FP8_DTYPE if family == FP8_FAMILY else BF16_DTYPE
+    unique = list(dict.fromkeys(shapes))
+    for n, k in unique:
+        check_problem(GemmProblem(1, n, k, dtype), family)
+    return unique
+
+
+class GemmSm90Family(KernelFamily):
+    """The family contract for the bf16 Hopper GEMM (kernels/contract.py)."""
+
+    name = FAMILY
+    version = FAMILY_VERSION
+    Key = GemmSm90Key
+    archs = ARCHS
+    dtype = BF16_DTYPE
+    abi = (
+        TensorArg("x", BF16_DTYPE, 2, align_bytes=ALIGN_BYTES),
+        TensorArg("w", BF16_DTYPE, 2, align_bytes=ALIGN_BYTES),
+        TensorArg("bias", BF16_DTYPE, 1, align_bytes=ALIGN_BYTES),
+        TensorArg("out", OUT_DTYPE, 2, align_bytes=ALIGN_BYTES, output=True),
+    )
+    builder = "cute_aot.kernels.gemm_sm90.build"
+    default_shapes = DEFAULT_SHAPES
+    shape_syntax = "N,K"
+
+    def problem(self, x, w, bias, *scales) -> GemmProblem:
+        from cute_aot.artifacts.errors import InputError
+
+        (m, k), (n, k_w) = x.shape, w.shape
+        if k != k_w:
+            raise InputError(f"{self.name}: x is [M, K={k}] but w is [N, K={k_w}]")
+        if tuple(bias.shape) != (n,):
+            raise InputError(f"{self.name}: bias must be [N={n}], got {list(bias.shape)}")
+        for scale in scales:
+            if tuple(scale.shape) != (1,):
+                raise InputError(f"{self.name}: scales must be [1], got {list(scale.shape)}")
+        if 0 in (m, n, k):
+            raise InputError(f"{self.name}: empty problem x {tuple(x.shape)}, w {tuple(w.shape)}")
+        dtype = str(x.dtype).removeprefix("torch.")
+        if str(w.dtype).removeprefix("torch.") != dtype:
+            raise InputError(f"{self.name}: x is {dtype} but w is {w.dtype}")
+        if k % K_DIVISOR.get(dtype, 1):
+            raise InputError(f"{self.name}: K={k} must be a multiple of {K_DIVISOR[dtype]}")
+        return GemmProblem(m, n, k, dtype, True)
+
+    def dispatch(self, problem, arch: str) -> Dispatch:
+        return dispatch_problem(problem, arch, self.name)
+
+    def problems(self, shape) -> Iterator[GemmProblem]:
+        n, k = shape
+        for m in M_BUCKETS:
+            for has_bias in (False, True):
+                yield GemmProblem(m, n, k, self.dtype, has_bias)
+
+    def parse_shape(self, text: str) -> tuple[int, int]:
+        n, k = parse_ints(self, text, self.shape_syntax)
+        check_problem(GemmProblem(1, n, k, self.dtype), self.name)
+        return n, k
+
+    def parse_problem(self, text: str, dtypes: str | None = None) -> GemmProblem:
+        """`M,N,K` (bias read) or `M,N,K,0` (no bias); --dtype names x and w's dtype."""
+        values = text.split(",")
+        has_bias = True
+        if len(values) == 4:
+            has_bias = values.pop().strip() not in ("0", "false", "False")
+        m, n, k = parse_ints(self, ",".join(values), "M,N,K")
+        return GemmProblem(m, n, k, (dtypes or self.dtype).split(",")[0].strip(), has_bias)
+
+    def describe_problem(self, problem) -> dict:
+        return GemmProblem(*problem)._asdict()
+
+    def shapes_from_model(self, config: dict) -> list[tuple[int, int]]:
+        return shapes_from_config(config, self.name)
+
+    def input_shapes(self, problem) -> tuple[tuple[int, ...], ...]:
+        m, n, k = problem[:3]
+        return (m, k), (n, k), (n,)
+
+    def output_shape(self, problem) -> tuple[int, int]:
+        return problem[0], problem[1]
+
+    def reference(self, x, w, bias):
+        """F.linear in fp32, cast to bf16."""
+        import torch.nn.functional as F
+
+        return F.linear(x.float(), w.float(), bias.float()).bfloat16()
+
+
+class GemmSm90Fp8Family(GemmSm90Family):
+    """fp8 e4m3 x and w with per-tensor fp32 device scales: its own ABI, so its own family."""
+
+    name = FP8_FAMILY
+    Key = GemmSm90Fp8Key
+    dtype = FP8_DTYPE
+    abi = (
+        TensorArg("x", FP8_DTYPE, 2, align_bytes=ALIGN_BYTES),
+        TensorArg("w", FP8_DTYPE, 2, align_bytes=ALIGN_BYTES),
+        TensorArg("x_scale", "float32", 1, align_bytes=4),
+        TensorArg("w_scale", "float32", 1, align_bytes=4),
+        TensorArg("bias", BF16_DTYPE, 1, align_bytes=ALIGN_BYTES),
+        TensorArg("out", OUT_DTYPE, 2, align_bytes=ALIGN_BYTES, output=True),
+    )
+
+    def problem(self, x, w, x_scale, w_scale, bias) -> GemmProblem:
+        return super().problem(x, w, bias, x_scale, w_scale)
+
+    def input_shapes(self, problem) -> tuple[tuple[int, ...], ...]:
+        m, n, k = problem[:3]
+        return (m, k), (n, k), (1,), (1,), (n,)
+
+    def reference(self, x, w, x_scale, w_scale, bias):
+        """fp32 product of the dequantised operands, scaled, plus bias, cast to bf16."""
+        import torch.nn.functional as F
+
+        acc = F.linear(x.float(), w.float()) * (x_scale.float() * w_scale.float())
+        return (acc + bias.float()).bfloat16()
+
+
+family = GemmSm90Family()
+fp8_family = GemmSm90Fp8Family()
+Key = GemmSm90Key

@@ -1,0 +1,240 @@
+"""The Hopper GEMM family (kernels/gemm_sm90): key, dispatch, ABI on CPU; cross-compiled SASS.
+
+The family is not registered yet (no entry point until it is verified on a GPU), so the tests
+use the family objects directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from cute_aot.aot import binary_info
+from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.kernels.gemm_sm90 import (
+    BF16_DTYPE,
+    DEFAULT_SHAPES,
+    FP8_DTYPE,
+    M_BUCKETS,
+    SMEM_CAPACITY,
+    GemmProblem,
+    GemmSm90Key,
+    family,
+    fp8_family,
+    stages_for,
+)
+
+ARCH = "sm_90a"
+HAS_TOOLS = bool(binary_info.find_tool("cuobjdump") and binary_info.find_tool("nvdisasm"))
+
+
+# -- purity --------------------------------------------------------------------------------------
+def test_family_module_imports_neither_cutlass_nor_torch():
+    code = (
+        "import sys; import cute_aot.kernels.gemm_sm90 as g; "
+        "print(sorted(m for m in ('cutlass', 'torch') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_not_registered_as_an_entry_point():
+    from importlib.metadata import entry_points
+
+    names = {point.name for point in entry_points(group="cute_aot.families")}
+    assert not names & {"gemm_sm90", "gemm_sm90_fp8"}
+
+
+# -- key -----------------------------------------------------------------------------------------
+def test_key_is_frozen_with_a_stable_canonical_form():
+    key = family.dispatch(GemmProblem(64, 4096, 4096), ARCH).key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        key.tile_m = 128
+    fields = json.loads(key.canonical_json())
+    assert fields["family"] == "gemm_sm90"
+    assert set(fields) == {
+        "family", "dtype", "has_bias", "tile_m", "tile_n", "cluster_m", "cluster_n", "stages",
+        "pdl", "out_dtype", "align_bytes", "version",
+    }  # fmt: skip
+    assert GemmSm90Key.from_fields(fields) == key
+    assert key.symbol == f"gemm_sm90_{key.id}"
+
+
+def test_fp8_keys_never_share_an_id_with_bf16_keys():
+    bf16 = family.dispatch(GemmProblem(4096, 4096, 4096), ARCH).key
+    fp8 = fp8_family.dispatch(GemmProblem(4096, 4096, 4096, FP8_DTYPE), ARCH).key
+    assert fp8.FAMILY == "gemm_sm90_fp8" and fp8.dtype == FP8_DTYPE
+    assert fp8.id != bf16.id
+
+
+def test_has_bias_changes_the_key():
+    with_bias = family.dispatch(GemmProblem(16, 4096, 4096, BF16_DTYPE, True), ARCH).key
+    without = family.dispatch(GemmProblem(16, 4096, 4096, BF16_DTYPE, False), ARCH).key
+    assert with_bias.has_bias and not without.has_bias
+    assert with_bias.id != without.id
+
+
+# -- dispatch ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fam", [family, fp8_family], ids=lambda f: f.name)
+def test_every_default_shape_and_bucket_dispatches(fam):
+    for shape in DEFAULT_SHAPES:
+        problems = list(fam.problems(shape))
+        assert {p.m for p in problems} == set(M_BUCKETS)
+        for problem in problems:
+            decision = fam.dispatch(problem, ARCH)
+            key = decision.key
+            assert f"tile {key.tile_m}x{key.tile_n}" in decision.reason
+            assert f"cluster {key.cluster_m}x{key.cluster_n}" in decision.reason
+            assert f"{key.stages} stages" in decision.reason
+            # Every stage of the pipeline fits in shared memory, and there are at least 2.
+            per_stage = (key.tile_m + key.tile_n) * 128
+            assert 2 <= key.stages and key.stages * per_stage <= SMEM_CAPACITY - 1024
+            assert key.dtype == fam.dtype and key.has_bias == problem.has_bias
+
+
+def test_tactic_follows_m():
+    def key(m, n=4096):
+        return family.dispatch(GemmProblem(m, n, 4096), ARCH).key
+
+    assert (key(1).tile_m, key(1).tile_n, key(64).tile_m) == (64, 128, 64)
+    assert (key(65).tile_m, key(256).tile_n, key(256).cluster_m) == (128, 128, 1)
+    big = key(4096)
+    assert (big.tile_m, big.tile_n, big.cluster_m, big.cluster_n) == (128, 256, 2, 1)
+    assert big.stages == stages_for(BF16_DTYPE, 128, 256) == 4
+    narrow = family.dispatch(GemmProblem(4096, 1024, 4096), ARCH)
+    assert narrow.key.tile_n == 128 and "narrows tile_n to 128" in narrow.reason
+
+
+def test_enumeration_is_small_and_covers_dispatch():
+    keys = family.enumerate_keys(ARCH)
+    assert 2 <= len(keys) <= 12
+    asked = {family.dispatch(p, ARCH).key for s in DEFAULT_SHAPES for p in family.problems(s)}
+    assert asked == set(keys)
+
+
+@pytest.mark.parametrize(
+    ("fam", "problem", "message"),
+    [
+        (family, GemmProblem(16, 4096, 4100), "K % 8 == 0"),
+        (fp8_family, GemmProblem(16, 4096, 4104, FP8_DTYPE), "K % 16 == 0"),
+        (family, GemmProblem(16, 4096, 4096, FP8_DTYPE), "use gemm_sm90_fp8"),
+        (fp8_family, GemmProblem(16, 4096, 4096, BF16_DTYPE), "use gemm_sm90)"),
+        (family, GemmProblem(16, 4096, 4096, "float16"), "takes bfloat16"),
+        (family, GemmProblem(0, 4096, 4096), "empty problem"),
+    ],
+)
+def test_refusals_carry_the_reason(fam, problem, message):
+    with pytest.raises(UnsupportedProblemError, match=re.escape(message)):
+        fam.dispatch(problem, ARCH)
+
+
+def test_refuses_other_architectures():
+    with pytest.raises(UnsupportedProblemError, match="sm_90a"):
+        family.dispatch(GemmProblem(16, 4096, 4096), "sm_100a")
+    assert family.supports("sm_90a") and not family.supports("sm_100a")
+
+
+# -- ABI and shapes ------------------------------------------------------------------------------
+def test_abi():
+    assert [(a.name, a.dtype, a.rank) for a in family.abi] == [
+        ("x", "bfloat16", 2), ("w", "bfloat16", 2), ("bias", "bfloat16", 1),
+        ("out", "bfloat16", 2),
+    ]  # fmt: skip
+    assert family.output.name == "out" and family.output.output
+    assert [a.name for a in fp8_family.abi] == ["x", "w", "x_scale", "w_scale", "bias", "out"]
+    assert [a.dtype for a in fp8_family.abi[2:4]] == ["float32", "float32"]
+    problem = GemmProblem(5, 6144, 4096)
+    assert family.input_shapes(problem) == ((5, 4096), (6144, 4096), (6144,))
+    assert family.output_shape(problem) == (5, 6144)
+    assert fp8_family.input_shapes(problem)[2:4] == ((1,), (1,))
+
+
+def test_parse_shape_and_problem():
+    assert family.parse_shape("6144,4096") == (6144, 4096)
+    with pytest.raises(UnsupportedProblemError, match="K % 8"):
+        family.parse_shape("6144,4095")
+    assert family.parse_problem("7,6144,4096") == GemmProblem(7, 6144, 4096, BF16_DTYPE, True)
+    assert family.parse_problem("7,6144,4096,0").has_bias is False
+    assert fp8_family.parse_problem("7,6144,4096").dtype == FP8_DTYPE
+
+
+def test_shapes_from_model_llama3_8b_and_qwen3_32b():
+    llama = {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    }  # fmt: skip
+    assert family.shapes_from_model(llama) == [(6144, 4096), (4096, 4096), (28672, 4096),
+                                               (4096, 14336)]  # fmt: skip
+    qwen = {
+        "hidden_size": 5120, "intermediate_size": 25600, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 128,
+    }  # fmt: skip
+    assert family.shapes_from_model(qwen) == [(10240, 5120), (5120, 8192), (51200, 5120),
+                                              (5120, 25600)]  # fmt: skip
+    assert family.shapes_from_model({"model_type": "no-hidden-size"}) == []
+
+
+def test_problem_and_reference_with_torch():
+    torch = pytest.importorskip("torch")
+    from cute_aot.artifacts.errors import InputError
+
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    w = torch.randn(32, 64, dtype=torch.bfloat16)
+    bias = torch.randn(32, dtype=torch.bfloat16)
+    assert family.problem(x, w, bias) == GemmProblem(3, 32, 64, BF16_DTYPE, True)
+    with pytest.raises(InputError, match="bias must be"):
+        family.problem(x, w, bias[:5])
+    out = family.reference(x, w, bias)
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 32)
+    expected = (x.double() @ w.double().t() + bias.double()).bfloat16()
+    torch.testing.assert_close(out, expected, atol=0.1, rtol=0.02)
+
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    scales = torch.tensor([0.5]), torch.tensor([4.0])
+    assert fp8_family.problem(x8, w8, *scales, bias).dtype == FP8_DTYPE
+    out8 = fp8_family.reference(x8, w8, *scales, bias)
+    expected8 = (2.0 * (x8.double() @ w8.double().t()) + bias.double()).bfloat16()
+    torch.testing.assert_close(out8, expected8, atol=0.1, rtol=0.02)
+
+
+# -- cross-compiled for sm_90a: the SASS is what the design note says ----------------------------
+COMPILED = [
+    (family, GemmProblem(64, 6144, 4096), "HGMMA"),  # 64x128, one consumer warpgroup
+    (family, GemmProblem(4096, 28672, 4096), "HGMMA"),  # 128x256, cluster 2x1 multicast
+    (fp8_family, GemmProblem(4096, 6144, 4096, FP8_DTYPE), "QGMMA"),  # fp8 128x256, 2x1
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fam", "problem", "mma"), COMPILED, ids=["bf16-64x128",
+                         "bf16-128x256-2x1", "fp8-128x256-2x1"])  # fmt: skip
+def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
+    pytest.importorskip("cutlass")
+    key = fam.dispatch(problem, ARCH).key
+    compiled = importlib.import_module(fam.builder).compile(key, ARCH)
+    obj = tmp_path / f"{key.symbol}.o"
+    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
+    symbols = subprocess.run(
+        ["nm", "--defined-only", str(obj)], capture_output=True, text=True, check=True
+    ).stdout
+    assert f" T __tvm_ffi_{key.symbol}\n" in symbols
+    if not HAS_TOOLS:
+        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected (pip install "
+                    "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")  # fmt: skip
+    info = binary_info.inspect_object(obj)
+    assert info is not None and info["sm"] == [90]
+    (kernel,) = info["kernels"]
+    opcodes = kernel["opcodes"]
+    record_property("registers", kernel["registers"])
+    assert kernel["local"] == 0 and kernel["stack"] == 0  # no spills
+    assert opcodes.get(mma, 0) == 4  # 4 wgmma k-steps per k-tile, unrolled once
+    assert opcodes.get("UTMALDG", 0) == 2  # one TMA load of x, one of w per k-tile
+    assert opcodes.get("STG", 0) == key.tile_m * key.tile_n // (key.tile_m // 64 * 128)
+    assert kernel["registers"] <= 168
