@@ -128,7 +128,7 @@ def test_auto_falls_back_to_torch_when_jit_fails_in_any_way(router_op, monkeypat
         router_op.resolve(PROBLEM, CPU)
 
 
-def test_jit_unavailable_is_a_typed_error_in_aot_free_modes(router_op, monkeypatch):
+def test_jit_mode_without_cutlass_raises_a_typed_error(router_op, monkeypatch):
     _no_jit(monkeypatch)
     set_mode("jit")
     with pytest.raises(JitUnavailableError, match="nvidia-cutlass-dsl is not installed"):
