@@ -278,10 +278,7 @@ def verify_bundle(
     signer: list[signing.TrustedKey | None] = [None]
 
     def before_payload(path: Path, manifest: Manifest) -> None:
-        signer[0] = (trust or check_trust)(path, manifest)
-        check_compatible(path, manifest, gpu_arch)
-        if accept is not None:
-            accept(path, manifest)
+        signer[0] = check_manifest(path, manifest, gpu_arch, accept, trust)
 
     manifest, library = read_bundle(path, check=before_payload)
     check_entries(path, manifest, installed_key_class)
@@ -318,39 +315,44 @@ def open_bundle(
     )
 
 
-def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
-    """open_bundle through the verified private copy of its library; None when there is none."""
-    manifest = read_manifest(path)  # header, manifest hash, schema and field formats
+def check_manifest(
+    path: Path, manifest: Manifest, gpu_arch, accept: ManifestCheck | None, trust: TrustCheck | None
+) -> signing.TrustedKey | None:
+    """What both ways of opening decide from the manifest alone: trust, fit, the caller's rule."""
     signer = (trust or check_trust)(path, manifest)
     check_compatible(path, manifest, gpu_arch)
     if accept is not None:
         accept(path, manifest)
-    sha256 = manifest.library["sha256"]
-    slot = (sha256, str(paths.cache_dir()))
+    return signer
+
+
+def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
+    """open_bundle through the verified private copy of its library; None when there is none."""
+    manifest = read_manifest(path)  # header, manifest hash, schema and field formats
+    signer = check_manifest(path, manifest, gpu_arch, accept, trust)
+    check_entries(path, manifest, installed_key_class, derive_keys=False)
+    slot = (manifest.library["sha256"], str(paths.cache_dir()))
     with _loaded_lock:
-        if slot not in _loaded:
-            copy = _verified_copy(sha256)
+        loaded = _loaded.get(slot)
+        if loaded is not None:
+            check_dynamic(path, manifest, loaded[2])  # this manifest's entries are all exported
+        else:
+            copy = _verified_copy(slot[0])
             if copy is None:
                 return None
             fd, where, dynamic = copy
-            _loaded[slot] = (_dlopen_checked(path, manifest, fd, dynamic), where, dynamic)
-        module, where, dynamic = _loaded[slot]
-    check_entries(path, manifest, installed_key_class, derive_keys=False)
-    check_dynamic(path, manifest, dynamic)  # this manifest's entries are all exported
+            try:
+                check_dynamic(path, manifest, dynamic)
+                _import_tvm_ffi(path)
+                check_dependencies(path, dynamic)
+                loaded = _loaded[slot] = (_dlopen_descriptor(path, fd), where, dynamic)
+            except BaseException:
+                os.close(fd)
+                raise
+    module, where, _ = loaded
     return LoadedBundle(
         path, manifest, where, module, manifest.entry_by_id(), signer, installed_key_class
     )
-
-
-def _dlopen_checked(path: Path, manifest: Manifest, fd: int, dynamic: DynamicInfo):
-    try:
-        check_dynamic(path, manifest, dynamic)
-        _import_tvm_ffi(path)
-        check_dependencies(path, dynamic)
-        return _dlopen_descriptor(path, fd)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _facts_path(library: Path) -> Path:
