@@ -53,6 +53,7 @@ class BuildPlan:
     families: list[str] = field(default_factory=lambda: list(families()))  # default: all installed
     extra_shapes: dict[str, list[Shape]] = field(default_factory=dict)  # family -> shapes
     default_shapes: bool = True
+    all_tactics: bool = False  # also every key of each family's tactic space (for tuning)
 
     def shapes(self, name: str) -> list[Shape]:
         """The family's shapes: its defaults (unless left out), then the extra ones, each once."""
@@ -76,11 +77,12 @@ class BuildPlan:
 
     def keys(self, arch: str) -> list:
         arch = normalize_arch(arch)
-        return [
-            key
-            for name in self.families_for(arch)
-            for key in family(name).enumerate_keys(arch, self.shapes(name))
-        ]
+        keys = []
+        for name in self.families_for(arch):
+            keys += family(name).enumerate_keys(arch, self.shapes(name))
+            if self.all_tactics:
+                keys += family(name).tactic_space(arch)
+        return keys
 
 
 def keys_by_arch(plan: BuildPlan | dict[str, list]) -> dict[str, list]:

@@ -397,6 +397,11 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
 )
 @click.option("--no-default-shapes", is_flag=True, help="Leave out the default shapes.")
 @click.option(
+    "--all-tactics",
+    is_flag=True,
+    help="Also build every tactic each family can run (for measuring tactics, e.g. aot-tune).",
+)
+@click.option(
     "--model",
     "models",
     multiple=True,
@@ -458,6 +463,7 @@ def main(
     archs,
     shapes,
     no_default_shapes,
+    all_tactics,
     models,
     model_configs,
     families,
@@ -487,6 +493,7 @@ def main(
             build_plan = _plan(
                 console, archs, shapes, no_default_shapes, models, model_configs, families
             )
+            build_plan.all_tactics = all_tactics
             plan = keys_by_arch(build_plan)
             _say_archs_without_keys(console, build_plan.archs, plan)
         _announce(console, plan, shard, cache)

@@ -25,7 +25,9 @@ What a family declares:
     problems(shape)     every problem a server can ask for with one weight shape (e.g. M = 1..16)
     default_shapes, shapes_from_model(config)   what the build enumerates keys from
     shapes_from_torch_model(module)             what a server warms up
-    input_shapes(problem), output_shape(problem)
+    input_shapes(problem), output_shape(problem)   (None for an optional input left out)
+    bind(function, problem)   what the op calls (optional inputs: a stand-in for None)
+    tactic_space(arch)  every key worth measuring (`aot-build --all-tactics`)
     reference(*inputs)  a torch implementation: tests and the torch fallback of mode auto
     builder             module with `compile(key, arch)`, imported only by builds and JIT
 """
@@ -54,13 +56,23 @@ class TensorArg:
     layout: str = "row-major"  # contiguous, innermost dimension last
     align_bytes: int = 16  # of the base address
     output: bool = False  # written by the kernel; the op allocates it when the caller does not
+    # The op accepts None here (e.g. a bias); the family's `bind` then gives the exported
+    # function what its key's kernel ignores.
+    optional: bool = False
 
     def describe(self) -> str:
         role = "out" if self.output else "in"
         return (
-            f"{role} {self.name}: {self.dtype} rank {self.rank} {self.layout}, "
-            f"{self.align_bytes}-byte aligned"
+            f"{role} {self.name}{' (or None)' if self.optional else ''}: {self.dtype} rank "
+            f"{self.rank} {self.layout}, {self.align_bytes}-byte aligned"
         )
+
+    def record(self) -> dict[str, Any]:
+        """As manifest data (`optional` only where set, so older records stay equal)."""
+        fields = asdict(self)
+        if not self.optional:
+            del fields["optional"]
+        return fields
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,13 @@ class KernelFamily:
 
     def abi_record(self) -> list[dict]:
         """The ABI as manifest data."""
-        return [asdict(arg) for arg in self.abi]
+        return [arg.record() for arg in self.abi]
+
+    def bind(self, function, problem: Problem):
+        """What the op calls for `problem` with the arguments in ABI order, given the exported
+        function. Families with optional inputs wrap `function` here to pass, where the op got
+        None, a tensor the kernel of `problem`'s key never reads."""
+        return function
 
     def supports(self, arch: str) -> bool:
         return arch in self.archs
@@ -152,6 +170,11 @@ class KernelFamily:
         shapes = self.default_shapes if shapes is None else shapes
         keys = {self.dispatch(p, arch).key for shape in shapes for p in self.problems(shape)}
         return sorted(keys, key=lambda key: key.canonical_json())
+
+    def tactic_space(self, arch: str) -> list[KernelKey]:
+        """Every key worth measuring on `arch` (`aot-build --all-tactics`, tuning); by default
+        only what the default shapes dispatch to."""
+        return self.enumerate_keys(arch)
 
     def compile(self, key: KernelKey, arch: str):
         """Cross-compile `key` for `arch` (imports the builder, and with it cutlass)."""

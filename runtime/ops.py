@@ -58,7 +58,7 @@ class FamilyOp:
         if not isinstance(failure, KeyError):
             raise failure  # the inputs are fine: a real failure of the kernel call
         device = inputs[0].get_device()
-        shapes = [t.shape for t in inputs]
+        shapes = [None if t is None else t.shape for t in inputs]
         entry = self.device_table.get((*shapes, device)) if self.per_device else None
         if entry is None:
             entry = self.resolve(problem, device)
@@ -80,13 +80,17 @@ class FamilyOp:
         if len(inputs) != len(self.inputs):
             expected = ", ".join(arg.name for arg in self.inputs)
             raise InputError(f"{name} takes ({expected}), got {len(inputs)} tensors")
-        pairs = list(zip(self.inputs, inputs, strict=True))
+        pairs = [
+            (arg, tensor)
+            for arg, tensor in zip(self.inputs, inputs, strict=True)
+            if tensor is not None or not arg.optional
+        ]
         for arg, tensor in pairs:
             _check_kind(name, arg, tensor)
         problem = self.family.problem(*inputs)
         for arg, tensor in pairs:
             _check_placement(name, arg, tensor)
-        if len({tensor.device for tensor in inputs}) > 1:
+        if len({tensor.device for _, tensor in pairs}) > 1:
             where = ", ".join(f"{arg.name} is on {tensor.device}" for arg, tensor in pairs)
             raise InputError(f"{name}: tensors on different devices ({where})")
         if out is not None:
@@ -117,7 +121,8 @@ class FamilyOp:
                 )
             key = self.family.dispatch(problem, arch).key
             details = self.family.describe_problem(problem)
-            return REGISTRY.resolve(key, arch, details), out_shape
+            function = REGISTRY.resolve(key, arch, details)
+            return self.family.bind(function, problem), out_shape
         except (JitUnavailableError, UnsupportedProblemError) as exc:
             if mode is not Mode.AUTO:
                 raise
@@ -129,7 +134,10 @@ class FamilyOp:
 
     def preload(self, problem, device: int) -> None:
         """Resolve `problem` on `device` now and remember it for the hit path (warm-up)."""
-        shapes = [torch.Size(shape) for shape in self.family.input_shapes(problem)]
+        shapes = [
+            None if shape is None else torch.Size(shape)
+            for shape in self.family.input_shapes(problem)
+        ]
         self.remember(shapes, device, self.resolve(problem, device))
 
     @property
@@ -213,7 +221,10 @@ def _hit_path(op: FamilyOp) -> Callable:
     parameters and a literal lookup key cost less than *args and a loop, and the hit path is
     what a server pays on every call."""
     names = [arg.name for arg in op.inputs]
-    key = [f"{n}.shape" for n in names]
+    key = [
+        f"(None if {arg.name} is None else {arg.name}.shape)" if arg.optional else f"{arg.name}.shape"
+        for arg in op.inputs
+    ]
     source = _HIT_PATH.format(
         name=op.family.name, args=", ".join(names), key=", ".join(key) + ",", first=names[0]
     )
@@ -242,7 +253,8 @@ _library = torch.library.Library("cute_aot", "DEF")
 
 def _define_torch_op(op: FamilyOp) -> None:
     name = op.family.name
-    _library.define(f"{name}({', '.join(f'Tensor {a.name}' for a in op.inputs)}) -> Tensor")
+    arguments = ", ".join(f"Tensor{'?' if a.optional else ''} {a.name}" for a in op.inputs)
+    _library.define(f"{name}({arguments}) -> Tensor")
     _library.impl(name, lambda *inputs: op.call(*inputs), "CUDA")
 
     def meta(*inputs):

@@ -1,8 +1,4 @@
-"""The Hopper GEMM family (kernels/gemm_sm90): key, dispatch, ABI on CPU; cross-compiled SASS.
-
-The family is not registered yet (no entry point until it is verified on a GPU), so the tests
-use the family objects directly.
-"""
+"""The Hopper GEMM families (kernels/gemm_sm90): key, dispatch, ABI on CPU; cross-compiled SASS."""
 
 from __future__ import annotations
 
@@ -45,11 +41,11 @@ def test_family_module_imports_neither_cutlass_nor_torch():
     assert result.stdout.strip() == "[]"
 
 
-def test_not_registered_as_an_entry_point():
-    from importlib.metadata import entry_points
+def test_registered_through_the_entry_point_like_any_family():
+    from cute_aot.kernels import family as installed
 
-    names = {point.name for point in entry_points(group="cute_aot.families")}
-    assert not names & {"gemm_sm90", "gemm_sm90_fp8"}
+    assert installed("gemm_sm90") is family
+    assert installed("gemm_sm90_fp8") is fp8_family
 
 
 # -- key -----------------------------------------------------------------------------------------
@@ -61,7 +57,7 @@ def test_key_is_frozen_with_a_stable_canonical_form():
     assert fields["family"] == "gemm_sm90"
     assert set(fields) == {
         "family", "dtype", "has_bias", "tile_m", "tile_n", "cluster_m", "cluster_n", "stages",
-        "pdl", "out_dtype", "align_bytes", "version",
+        "pdl", "raster_m", "out_dtype", "align_bytes", "version",
     }  # fmt: skip
     assert GemmSm90Key.from_fields(fields) == key
     assert key.symbol == f"gemm_sm90_{key.id}"

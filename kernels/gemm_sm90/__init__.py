@@ -18,9 +18,9 @@ Two families share one kernel (kernel.py) because their exported functions' ABIs
   ``bf16(acc * x_scale * w_scale + bias)``. The scales are device scalars (read by the kernel,
   never synchronised to the host), so a CUDA graph may capture calls whose scales change.
 
-The op's tensors always include bias, so `problem` reports has_bias=True; a bias-free layer is
-served by a has_bias=False key (asked for through `dispatch` with such a problem). Both variants
-are enumerated for every shape so a bundle holds both.
+bias is optional in the op (None): `problem` then reports has_bias=False, which dispatches to a
+key whose kernel never reads bias, and `bind` hands the exported function out's first row in its
+place. Both variants are enumerated for every shape so a bundle holds both.
 
 This module never imports cutlass or torch at module level: servers import it on every call path.
 """
@@ -79,6 +79,7 @@ TACTICS: tuple[Tactic, ...] = (
 # Below this N a 128x256 tile leaves too few CTAs; large M then keeps 128x128 (cluster 2x1).
 WIDE_TILE_MIN_N = 2048
 PDL = True
+RASTER_M = 8  # a wave of ~132 CTAs covers 8 M tiles x ~16 N tiles (an L2-sized block)
 
 
 def stages_for(dtype: str, tile_m: int, tile_n: int) -> int:
@@ -101,6 +102,7 @@ class GemmSm90Key(KernelKey):
     cluster_n: int
     stages: int
     pdl: bool
+    raster_m: int = RASTER_M  # M tiles per raster group (kernel.py: _tile_of_this_cta)
     out_dtype: str = OUT_DTYPE
     align_bytes: int = ALIGN_BYTES
     version: int = FAMILY_VERSION
@@ -108,7 +110,8 @@ class GemmSm90Key(KernelKey):
     def describe(self) -> str:
         return (
             f"{self.dtype} tile {self.tile_m}x{self.tile_n} cluster {self.cluster_m}x"
-            f"{self.cluster_n} stages={self.stages} bias={int(self.has_bias)} pdl={int(self.pdl)}"
+            f"{self.cluster_n} stages={self.stages} raster={self.raster_m} bias={int(self.has_bias)}"
+            f" pdl={int(self.pdl)}"
         )
 
 
@@ -232,7 +235,7 @@ class GemmSm90Family(KernelFamily):
     abi = (
         TensorArg("x", BF16_DTYPE, 2, align_bytes=ALIGN_BYTES),
         TensorArg("w", BF16_DTYPE, 2, align_bytes=ALIGN_BYTES),
-        TensorArg("bias", BF16_DTYPE, 1, align_bytes=ALIGN_BYTES),
+        TensorArg("bias", BF16_DTYPE, 1, align_bytes=ALIGN_BYTES, optional=True),
         TensorArg("out", OUT_DTYPE, 2, align_bytes=ALIGN_BYTES, output=True),
     )
     builder = "cute_aot.kernels.gemm_sm90.build"
@@ -245,7 +248,7 @@ class GemmSm90Family(KernelFamily):
         (m, k), (n, k_w) = x.shape, w.shape
         if k != k_w:
             raise InputError(f"{self.name}: x is [M, K={k}] but w is [N, K={k_w}]")
-        if tuple(bias.shape) != (n,):
+        if bias is not None and tuple(bias.shape) != (n,):
             raise InputError(f"{self.name}: bias must be [N={n}], got {list(bias.shape)}")
         for scale in scales:
             if tuple(scale.shape) != (1,):
@@ -257,7 +260,7 @@ class GemmSm90Family(KernelFamily):
             raise InputError(f"{self.name}: x is {dtype} but w is {w.dtype}")
         if k % K_DIVISOR.get(dtype, 1):
             raise InputError(f"{self.name}: K={k} must be a multiple of {K_DIVISOR[dtype]}")
-        return GemmProblem(m, n, k, dtype, True)
+        return GemmProblem(m, n, k, dtype, bias is not None)
 
     def dispatch(self, problem, arch: str) -> Dispatch:
         return dispatch_problem(problem, arch, self.name)
@@ -288,18 +291,38 @@ class GemmSm90Family(KernelFamily):
     def shapes_from_model(self, config: dict) -> list[tuple[int, int]]:
         return shapes_from_config(config, self.name)
 
-    def input_shapes(self, problem) -> tuple[tuple[int, ...], ...]:
-        m, n, k = problem[:3]
-        return (m, k), (n, k), (n,)
+    def input_shapes(self, problem) -> tuple[tuple[int, ...] | None, ...]:
+        m, n, k, _, has_bias = GemmProblem(*problem)
+        return (m, k), (n, k), (n,) if has_bias else None
+
+    def bind(self, function, problem):
+        """Without a bias the key's kernel never reads one; the exported function still takes
+        a bf16 [N] tensor, so it gets out's first row (no allocation, right device)."""
+        if GemmProblem(*problem).has_bias:
+            return function
+        return lambda x, w, bias, out: function(x, w, out[0], out)
+
+    def tactic_space(self, arch: str) -> list[GemmSm90Key]:
+        """Every tile and cluster shape the kernel builds, with and without bias."""
+        if arch not in ARCHS:
+            return []
+        return [
+            self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
+                     stages_for(self.dtype, tile_m, tile_n), PDL)
+            for tile_m in (64, 128)
+            for tile_n in (64, 128, 256)
+            for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
+            for has_bias in (False, True)
+        ]  # fmt: skip
 
     def output_shape(self, problem) -> tuple[int, int]:
         return problem[0], problem[1]
 
-    def reference(self, x, w, bias):
+    def reference(self, x, w, bias=None):
         """F.linear in fp32, cast to bf16."""
         import torch.nn.functional as F
 
-        return F.linear(x.float(), w.float(), bias.float()).bfloat16()
+        return F.linear(x.float(), w.float(), None if bias is None else bias.float()).bfloat16()
 
 
 class GemmSm90Fp8Family(GemmSm90Family):
@@ -313,23 +336,30 @@ class GemmSm90Fp8Family(GemmSm90Family):
         TensorArg("w", FP8_DTYPE, 2, align_bytes=ALIGN_BYTES),
         TensorArg("x_scale", "float32", 1, align_bytes=4),
         TensorArg("w_scale", "float32", 1, align_bytes=4),
-        TensorArg("bias", BF16_DTYPE, 1, align_bytes=ALIGN_BYTES),
+        TensorArg("bias", BF16_DTYPE, 1, align_bytes=ALIGN_BYTES, optional=True),
         TensorArg("out", OUT_DTYPE, 2, align_bytes=ALIGN_BYTES, output=True),
     )
 
     def problem(self, x, w, x_scale, w_scale, bias) -> GemmProblem:
         return super().problem(x, w, bias, x_scale, w_scale)
 
-    def input_shapes(self, problem) -> tuple[tuple[int, ...], ...]:
-        m, n, k = problem[:3]
-        return (m, k), (n, k), (1,), (1,), (n,)
+    def input_shapes(self, problem) -> tuple[tuple[int, ...] | None, ...]:
+        m, n, k, _, has_bias = GemmProblem(*problem)
+        return (m, k), (n, k), (1,), (1,), (n,) if has_bias else None
 
-    def reference(self, x, w, x_scale, w_scale, bias):
+    def bind(self, function, problem):
+        if GemmProblem(*problem).has_bias:
+            return function
+        return lambda x, w, x_scale, w_scale, bias, out: function(
+            x, w, x_scale, w_scale, out[0], out
+        )
+
+    def reference(self, x, w, x_scale, w_scale, bias=None):
         """fp32 product of the dequantised operands, scaled, plus bias, cast to bf16."""
         import torch.nn.functional as F
 
         acc = F.linear(x.float(), w.float()) * (x_scale.float() * w_scale.float())
-        return (acc + bias.float()).bfloat16()
+        return (acc if bias is None else acc + bias.float()).bfloat16()
 
 
 family = GemmSm90Family()

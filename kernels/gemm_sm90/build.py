@@ -37,6 +37,7 @@ def compile(key: GemmSm90Key, arch: str):
         key.stages,
         key.has_bias,
         key.pdl,
+        key.raster_m,
     )
     options = f"--gpu-arch {arch} --enable-tvm-ffi"
     if key.dtype == FP8_DTYPE:

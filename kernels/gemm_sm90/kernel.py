@@ -12,7 +12,8 @@ Design (what a reviewer can check against the code below)
 * CTA tile tile_m x tile_n x tile_k; tile_m in {64, 128}, tile_n in {64, 128, 256}; tile_k = 64
   for bf16 and 128 for fp8 (4 wgmma k-steps of 16 / 32, i.e. 128-byte rows, 128-byte swizzle
   chosen by sm90_utils.make_smem_layout_a/b).  grid = (ceil(M/tile_m) rounded up to cluster_m,
-  ceil(N/tile_n) rounded up to cluster_n); CTA (bidx, bidy) owns output tile (bidx, bidy).
+  ceil(N/tile_n) rounded up to cluster_n); CTAs are mapped to output tiles in groups of
+  raster_m M tiles (see _tile_of_this_cta) so that each wave reuses its operands from L2.
 * Warp roles, (tile_m / 64 + 1) warpgroups of 128 threads:
     - warpgroups 0 .. C-1 (C = tile_m / 64) are consumers: warpgroup g issues the wgmma of rows
       [64 g, 64 g + 64) of the tile (tiled MMA with atom layout (C, 1, 1), 64 x tile_n per
@@ -84,6 +85,7 @@ class HopperGemm:
         stages: int,
         has_bias: bool,
         pdl: bool,
+        raster_m: int = 8,
     ):
         tile_m, tile_n = tile_mn
         if tile_m not in (64, 128):
@@ -111,6 +113,9 @@ class HopperGemm:
             )
         self.has_bias = bool(has_bias)
         self.pdl = bool(pdl)
+        if raster_m < 1 or raster_m % cluster_mn[0]:
+            raise ValueError(f"HopperGemm: raster_m must be a multiple of cluster_m, got {raster_m}")
+        self.raster_clusters = raster_m // cluster_mn[0]
         self.mma_warpgroups = tile_m // 64
         self.threads = (self.mma_warpgroups + 1) * WARPGROUP
         self.mma_threads = self.mma_warpgroups * WARPGROUP
@@ -220,6 +225,32 @@ class HopperGemm:
         return cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
 
     # ---------------------------------------------------------------- device
+    @cute.jit
+    def _tile_of_this_cta(self):
+        """The output tile (m, n) of this CTA, clusters visited in groups of raster_m M tiles.
+
+        CTAs launch in block order, x fastest. Taken as tiles directly, a wave would cover a
+        few N columns of every M tile and so stream all of x through L2 once per couple of N
+        tiles. Grouping (as Triton's GROUP_M) makes each wave a compact block of tiles: about
+        raster_m M tiles by (wave / raster_m) N tiles. Remapping whole clusters keeps each
+        cluster's CTAs on neighbouring tiles that share their multicast operand.
+        """
+        bidx, bidy, _ = cute.arch.block_idx()
+        grid_m, grid_n, _ = cute.arch.grid_dim()
+        cluster_m, cluster_n = self.cluster_mn
+        clusters_m = grid_m // cluster_m
+        linear = bidx // cluster_m + (bidy // cluster_n) * clusters_m
+        per_group = self.raster_clusters * (grid_n // cluster_n)
+        first_m = (linear // per_group) * self.raster_clusters
+        group_m = cutlass.min(clusters_m - first_m, self.raster_clusters)
+        within = linear % per_group
+        cluster_tile_m = first_m + within % group_m
+        cluster_tile_n = within // group_m
+        return (
+            cluster_tile_m * cluster_m + bidx % cluster_m,
+            cluster_tile_n * cluster_n + bidy % cluster_n,
+        )
+
     @cute.kernel
     def kernel(
         self,
@@ -236,7 +267,7 @@ class HopperGemm:
         w_smem: cute.ComposedLayout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
+        tile_m_idx, tile_n_idx = self._tile_of_this_cta()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == self.producer_warp:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
@@ -275,7 +306,7 @@ class HopperGemm:
 
         sX = storage.sX.get_tensor(x_smem.outer, swizzle=x_smem.inner)
         sW = storage.sW.get_tensor(w_smem.outer, swizzle=w_smem.inner)
-        tile_coord = (bidx, bidy, None)
+        tile_coord = (tile_m_idx, tile_n_idx, None)
         gX = cute.local_tile(mX, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
         gW = cute.local_tile(mW, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
         k_tiles = cute.size(gX, mode=[2])
@@ -369,8 +400,10 @@ class HopperGemm:
             M = mOut.shape[0]
             N = mOut.shape[1]
             tile_mn = self.tile_shape_mnk[:2]
-            gOut = cute.local_tile(mOut, tile_mn, (bidx, bidy))
-            cOut = cute.local_tile(cute.make_identity_tensor((M, N)), tile_mn, (bidx, bidy))
+            gOut = cute.local_tile(mOut, tile_mn, (tile_m_idx, tile_n_idx))
+            cOut = cute.local_tile(
+                cute.make_identity_tensor((M, N)), tile_mn, (tile_m_idx, tile_n_idx)
+            )
             tCgOut = thr_mma.partition_C(gOut)
             tCcOut = thr_mma.partition_C(cOut)
             scale = Float32(1.0)
