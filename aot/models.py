@@ -39,12 +39,19 @@ def _preset(name: str, **config: Any) -> Model:
     return Model(name, config, "preset")
 
 
+DEEPSEEK_V3 = dict(
+    hidden_size=7168, n_routed_experts=256, intermediate_size=18432,  # dense layers 0-2
+    n_shared_experts=1, moe_intermediate_size=2048,
+    num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,  # multi-head latent attention
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+)  # fmt: skip
+
 # Released models, as the fields of their config.json that kernel families read (the expert count
 # under the field name each model's own config uses).
 PRESETS: dict[str, Model] = {
     model.name: model
     for model in (
-        _preset("deepseek-v3", hidden_size=7168, n_routed_experts=256),
+        _preset("deepseek-v3", **DEEPSEEK_V3),
         _preset("deepseek-v3.2", hidden_size=7168, n_routed_experts=256),
         _preset("deepseek-v4-pro", hidden_size=7168, n_routed_experts=384),
         _preset("deepseek-v4-flash", hidden_size=4096, n_routed_experts=256),
@@ -55,7 +62,13 @@ PRESETS: dict[str, Model] = {
         _preset("kimi-k2", hidden_size=7168, n_routed_experts=384),
         _preset("qwen3-235b-a22b", hidden_size=4096, num_experts=128),
         _preset("qwen3-30b-a3b", hidden_size=2048, num_experts=128),
-    )
+        _preset("llama-3-8b", hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=14336),
+        _preset("llama-3-70b", hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
+                intermediate_size=28672),
+        _preset("qwen3-32b", hidden_size=5120, num_attention_heads=64, num_key_value_heads=8,
+                head_dim=128, intermediate_size=25600),
+    )  # fmt: skip
 }
 
 

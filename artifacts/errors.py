@@ -109,6 +109,14 @@ class ModelConfigError(CuteAotError, ValueError):
         super().__init__(f"{self.path}: {message}")
 
 
+class TableError(CuteAotError, ValueError):
+    """A dispatch table (file, bundle manifest) that cannot be used; names where it came from."""
+
+    def __init__(self, where, message: str):
+        self.where = str(where)
+        super().__init__(f"{self.where}: {message}")
+
+
 class ShardError(BuildError):
     """Shard outputs that cannot be merged; names the shard folder involved."""
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import click
 
 L2_FLUSH_BYTES = 256 << 20  # operand copies cycled per graph: several times the 50 MB L2
-GRAPH_SECONDS = 2e-3  # aim each graph replay at about this long
-REPLAYS = 7
+GRAPH_SECONDS = 1e-3  # aim each graph replay at about this long
+REPLAYS = 5
 
 
 def _operands(torch, dtype: str, m: int, n: int, k: int, copies: int):

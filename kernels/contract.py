@@ -20,8 +20,11 @@ What a family declares:
                         alignment, which one is the output. Recorded in each bundle's manifest and
                         compared at load: a bundle built against another ABI is never called.
     problem(*inputs)    the problem (a hashable tuple with dtypes) read from the op's tensors
-    dispatch(problem, arch) -> Dispatch(key, reason): the one rule, with a reason that
+    dispatch(problem, arch[, table]) -> Dispatch(key, reason): the one rule, with a reason that
                         `aot-cache explain` prints (so the explanation cannot drift from the rule)
+    default_table(arch) the tactic table dispatch reads, as data (kernels/tables.py), or None;
+                        bundles carry the table they were built with, and servers dispatch with it
+    tune_problems, tune_candidates, tuned_table   what `aot-tune` measures and makes of it
     problems(shape)     every problem a server can ask for with one weight shape (e.g. M = 1..16)
     default_shapes, shapes_from_model(config)   what the build enumerates keys from
     shapes_from_torch_model(module)             what a server warms up
@@ -41,6 +44,7 @@ from typing import Any, ClassVar
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.keys import KernelKey
+from cute_aot.kernels.tables import Table
 
 Shape = tuple[int, ...]
 Problem = tuple
@@ -165,11 +169,36 @@ class KernelFamily:
     def supports(self, arch: str) -> bool:
         return arch in self.archs
 
-    def enumerate_keys(self, arch: str, shapes: Sequence[Shape] | None = None) -> list[KernelKey]:
-        """The distinct keys dispatch yields for these shapes: exactly what servers will ask."""
+    def enumerate_keys(
+        self, arch: str, shapes: Sequence[Shape] | None = None, table: Table | None = None
+    ) -> list[KernelKey]:
+        """The distinct keys dispatch yields for these shapes (with `table`, for families that
+        read one): exactly what servers with this table will ask."""
         shapes = self.default_shapes if shapes is None else shapes
-        keys = {self.dispatch(p, arch).key for shape in shapes for p in self.problems(shape)}
+        extra = () if table is None else (table,)
+        keys = {
+            self.dispatch(p, arch, *extra).key for shape in shapes for p in self.problems(shape)
+        }
         return sorted(keys, key=lambda key: key.canonical_json())
+
+    # -- dispatch tables (kernels/tables.py) and tuning -----------------------------------------
+    def default_table(self, arch: str) -> Table | None:
+        """The package's own table for `arch`; None when this family's dispatch reads none.
+        Families with tables take `dispatch(problem, arch, table)`, None meaning this one."""
+        return None
+
+    def tune_problems(self, shape: Shape) -> Iterable[Problem]:
+        """The problems `aot-tune` measures for a shape (default: every problem of it)."""
+        return self.problems(shape)
+
+    def tune_candidates(self, problem: Problem, arch: str) -> list[KernelKey]:
+        """Every key that serves `problem` and is worth timing for it (default: the dispatched)."""
+        return [self.dispatch(problem, arch).key]
+
+    def tuned_table(self, arch: str, winners: list, provenance: dict[str, Any]) -> Table:
+        """A table from measurements. winners: [(problem, key, {key id: microseconds})], the
+        key being the fastest correct candidate of the problem."""
+        raise NotImplementedError(f"{self.name} has no dispatch table to tune")
 
     def tactic_space(self, arch: str) -> list[KernelKey]:
         """Every key worth measuring on `arch` (`aot-build --all-tactics`, tuning); by default

@@ -399,10 +399,22 @@ def test_presets_cover_the_reference_models_and_the_default_shapes():
         "kimi-k2": [(7168, 384)],
         "qwen3-235b-a22b": [(4096, 128)],
         "qwen3-30b-a3b": [(2048, 128)],
+        "llama-3-8b": [],  # dense models: no router
+        "llama-3-70b": [],
+        "qwen3-32b": [],
     }
     # The default shapes are the shapes of the models the default bundles serve.
-    assert set(router.default_shapes) < {shape for (shape,) in shapes.values()}
+    assert set(router.default_shapes) < {shape for found in shapes.values() for shape in found}
     assert all(model.source == "preset" for model in PRESETS.values())
+    gemm = family("gemm_sm90")
+    dense = {shape for name in ("llama-3-8b", "llama-3-70b", "qwen3-32b", "deepseek-v3")
+             for shape in family_shapes(PRESETS[name], gemm)}  # fmt: skip
+    assert dense == set(gemm.default_shapes)
+    assert family_shapes(PRESETS["deepseek-v3"], gemm) == [
+        (1536, 7168), (24576, 1536), (576, 7168), (32768, 512), (7168, 16384),  # MLA
+        (36864, 7168), (7168, 18432),  # dense MLP (layers 0-2)
+        (4096, 7168), (7168, 2048),  # shared expert
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

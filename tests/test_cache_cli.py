@@ -339,7 +339,8 @@ def test_explain_uses_the_tuned_table_and_says_so():
         "decisions"
     ]
     assert decision["key"]["split_k"] == 8 and decision["key"]["num_stages"] == 2
-    assert "sm90 table row (K=4096, N=256, M in [5, 6, 7, 13, 16])" in decision["dispatch"]
+    assert "table row (K=4096, N=256, M in [5, 6, 7, 13, 16])" in decision["dispatch"]
+    assert "package defaults (router_gemm/tuned.json)" in decision["dispatch"]
 
 
 def test_explain_follows_the_miss_path(bundles, isolated):

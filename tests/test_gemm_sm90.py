@@ -57,7 +57,7 @@ def test_key_is_frozen_with_a_stable_canonical_form():
     assert fields["family"] == "gemm_sm90"
     assert set(fields) == {
         "family", "dtype", "has_bias", "tile_m", "tile_n", "cluster_m", "cluster_n", "stages",
-        "pdl", "raster_m", "out_dtype", "align_bytes", "version",
+        "pdl", "raster_m", "aligned_n", "out_dtype", "align_bytes", "version",
     }  # fmt: skip
     assert GemmSm90Key.from_fields(fields) == key
     assert key.symbol == f"gemm_sm90_{key.id}"
@@ -205,12 +205,13 @@ COMPILED = [
     (family, GemmProblem(64, 6144, 4096), "HGMMA"),  # 64x128, one consumer warpgroup
     (family, GemmProblem(4096, 28672, 4096), "HGMMA"),  # 128x256, cluster 2x1 multicast
     (fp8_family, GemmProblem(4096, 6144, 4096, FP8_DTYPE), "QGMMA"),  # fp8 128x256, 2x1
+    (family, GemmProblem(4096, 1001, 4096), "HGMMA"),  # N % 8 != 0: 2-byte stores
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("fam", "problem", "mma"), COMPILED, ids=["bf16-64x128",
-                         "bf16-128x256-2x1", "fp8-128x256-2x1"])  # fmt: skip
+                         "bf16-128x256-2x1", "fp8-128x256-2x1", "bf16-any-n"])  # fmt: skip
 def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     pytest.importorskip("cutlass")
     key = fam.dispatch(problem, ARCH).key
@@ -232,5 +233,10 @@ def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     assert kernel["local"] == 0 and kernel["stack"] == 0  # no spills
     assert opcodes.get(mma, 0) == 4  # 4 wgmma k-steps per k-tile, unrolled once
     assert opcodes.get("UTMALDG", 0) == 2  # one TMA load of x, one of w per k-tile
-    assert opcodes.get("STG", 0) == key.tile_m * key.tile_n // (key.tile_m // 64 * 128)
+    per_thread = key.tile_m * key.tile_n // (key.tile_m // 64 * 128)  # outputs per consumer
+    if key.aligned_n:  # staged through shared memory, stored 8 bf16 (16 bytes) at a time
+        assert opcodes.get("STG", 0) == per_thread // 8
+        assert opcodes.get("LDS", 0) == per_thread // 8
+    else:
+        assert opcodes.get("STG", 0) == per_thread
     assert kernel["registers"] <= 168

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
 from cute_aot.kernels.keys import KernelKey
+from cute_aot.kernels.tables import Table
 
 FAMILY = "gemm_sm90"
 FP8_FAMILY = "gemm_sm90_fp8"
@@ -79,7 +80,9 @@ TACTICS: tuple[Tactic, ...] = (
 # Below this N a 128x256 tile leaves too few CTAs; large M then keeps 128x128 (cluster 2x1).
 WIDE_TILE_MIN_N = 2048
 PDL = True
+OUT_VECTOR = 8  # bf16 per 16-byte store (kernel.py); needs out rows 16-byte aligned
 RASTER_M = 8  # a wave of ~132 CTAs covers 8 M tiles x ~16 N tiles (an L2-sized block)
+BLOCK_ORDER = 1 << 16  # a raster group taller than any grid: plain block order, M tiles fastest
 
 
 def stages_for(dtype: str, tile_m: int, tile_n: int) -> int:
@@ -103,6 +106,7 @@ class GemmSm90Key(KernelKey):
     stages: int
     pdl: bool
     raster_m: int = RASTER_M  # M tiles per raster group (kernel.py: _tile_of_this_cta)
+    aligned_n: bool = True  # N % 8 == 0: 16-byte stores of a tile staged in shared memory
     out_dtype: str = OUT_DTYPE
     align_bytes: int = ALIGN_BYTES
     version: int = FAMILY_VERSION
@@ -111,7 +115,7 @@ class GemmSm90Key(KernelKey):
         return (
             f"{self.dtype} tile {self.tile_m}x{self.tile_n} cluster {self.cluster_m}x"
             f"{self.cluster_n} stages={self.stages} raster={self.raster_m} bias={int(self.has_bias)}"
-            f" pdl={int(self.pdl)}"
+            f" pdl={int(self.pdl)}{'' if self.aligned_n else ' any-N'}"
         )
 
 
@@ -158,35 +162,99 @@ def check_problem(problem: GemmProblem, family: str) -> None:
         )
 
 
+def default_table(arch: str) -> Table | None:
+    """The hand-written rule as a table: TACTICS rows, no per-shape rows."""
+    if arch not in ARCHS:
+        return None
+    data = {
+        "rows": [tactic._asdict() for tactic in TACTICS],
+        "wide_tile_min_n": WIDE_TILE_MIN_N,
+        "raster_m": RASTER_M,
+        "shape_rows": [],  # aot-tune's per-(N, K, M range) winners, checked first
+    }
+    return Table(FAMILY, arch, data, {"source": "package defaults (hand-written)"})
+
+
+def _shape_row(data: dict, m: int, n: int, k: int) -> dict | None:
+    for row in data.get("shape_rows", ()):
+        low, high = row["m"]
+        if row["n"] == n and row["k"] == k and low <= m and (high is None or m <= high):
+            return row
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
-def choose(m: int, n: int, dtype: str) -> tuple[Tactic, int, int, int]:
-    """(table row, tile_n, cluster_m, stages) for a problem: the one rule, as data lookups."""
-    row = next(t for t in TACTICS if t.max_m == 0 or m <= t.max_m)
-    tile_n, cluster_m = row.tile_n, row.cluster_m
-    if row.tile_n > 128 and n < WIDE_TILE_MIN_N:
-        tile_n = 128
-    return row, tile_n, cluster_m, stages_for(dtype, row.tile_m, tile_n)
+def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int, int, str]:
+    """(tactic fields, stages, raster_m, why) for a problem under `table`: the one rule."""
+    data = table.data
+    row = _shape_row(data, m, n, k)
+    if row is not None:
+        low, high = row["m"]
+        bound = f"M in [{low}, {high if high is not None else 'inf'}]"
+        why = f"tuned row for N={n} K={k} {bound}: {row.get('why', '')}".rstrip(": ")
+        tactic = {f: row[f] for f in ("tile_m", "tile_n", "cluster_m", "cluster_n")}
+        stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"])
+        return tactic, stages, row.get("raster_m", data["raster_m"]), why
+    rows = data["rows"]
+    row = next(r for r in rows if r["max_m"] == 0 or m <= r["max_m"])
+    tactic = {f: row[f] for f in ("tile_m", "tile_n", "cluster_m", "cluster_n")}
+    bound = f"M={m} <= {row['max_m']}" if row["max_m"] else f"M={m} > {rows[-2]['max_m']}"
+    why = f"{bound}: {row['why']}"
+    if tactic["tile_n"] > 128 and n < data["wide_tile_min_n"]:
+        tactic["tile_n"] = 128
+        why += f"; N={n} < {data['wide_tile_min_n']} narrows tile_n to 128"
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"])
+    return tactic, stages, data["raster_m"], why
 
 
-def dispatch_problem(problem: GemmProblem, arch: str, family: str) -> Dispatch:
+def dispatch_problem(
+    problem: GemmProblem, arch: str, family: str, table: Table | None = None
+) -> Dispatch:
     problem = GemmProblem(*problem)
     check_problem(problem, family)
     if arch not in ARCHS:
         raise UnsupportedProblemError(f"{family}: built for {', '.join(ARCHS)} only, not {arch}")
+    table = table or default_table(arch)
     m, n, k, dtype, has_bias = problem
-    row, tile_n, cluster_m, stages = choose(m, n, dtype)
+    tactic, stages, raster_m, why = choose(m, n, k, dtype, table)
+    aligned_n = n % OUT_VECTOR == 0
     key_class = GemmSm90Fp8Key if family == FP8_FAMILY else GemmSm90Key
     key = key_class(
-        dtype, bool(has_bias), row.tile_m, tile_n, cluster_m, row.cluster_n, stages, PDL
-    )
-    bound = f"M={m} <= {row.max_m}" if row.max_m else f"M={m} > {TACTICS[-2].max_m}"
-    narrowed = f"; N={n} < {WIDE_TILE_MIN_N} narrows tile_n to 128" if tile_n != row.tile_n else ""
+        dtype, bool(has_bias), tactic["tile_m"], tactic["tile_n"], tactic["cluster_m"],
+        tactic["cluster_n"], stages, PDL, raster_m, aligned_n,
+    )  # fmt: skip
     reason = (
-        f"{bound} -> tile {row.tile_m}x{tile_n}x{TILE_K[dtype]}, cluster "
-        f"{cluster_m}x{row.cluster_n} ({row.why}{narrowed}); {stages} stages fill shared "
-        f"memory; bias {'read' if has_bias else 'not read'}; pdl={int(PDL)}"
-    )
+        f"{why} -> tile {key.tile_m}x{key.tile_n}x{TILE_K[dtype]}, cluster {key.cluster_m}x"
+        f"{key.cluster_n}, raster groups of {raster_m} M tiles; {stages} stages fill shared "
+        f"memory; bias {'read' if has_bias else 'not read'}; pdl={int(PDL)}; "
+        + (f"N % {OUT_VECTOR} == 0: 16-byte stores through shared memory" if aligned_n
+           else f"N % {OUT_VECTOR} != 0: 2-byte stores")
+        + f" [{table.describe()}]"
+    )  # fmt: skip
     return Dispatch(key, reason)
+
+
+def tuned_table(family: str, arch: str, winners: list, provenance: dict) -> Table:
+    """The default rule plus one row per measured (N, K, M bucket): the fastest correct tactic,
+    its time and the runner-up's. A bucket's row serves the M range up to its M."""
+    data = dict(default_table(arch).data)
+    rows = []
+    for problem, key, timings in sorted(winners, key=lambda w: (w[0].n, w[0].k, w[0].m)):
+        m, n, k = problem.m, problem.n, problem.k
+        lower = max((b for b in M_BUCKETS if b < m), default=0) + 1
+        upper = None if m == M_BUCKETS[-1] else m
+        ranked = sorted(timings.items(), key=lambda item: item[1])
+        runner_up = ranked[1] if len(ranked) > 1 else None
+        rows.append({
+            "n": n, "k": k, "m": [lower, upper],
+            "tile_m": key.tile_m, "tile_n": key.tile_n,
+            "cluster_m": key.cluster_m, "cluster_n": key.cluster_n, "raster_m": key.raster_m,
+            "us": round(timings[key.id], 3),
+            "runner_up_us": round(runner_up[1], 3) if runner_up else None,
+            "why": f"fastest of {len(timings)} measured at M={m}",
+        })  # fmt: skip
+    data["shape_rows"] = rows
+    return Table(family, arch, data, provenance)
 
 
 # (N, K) of the dense layers the default bundles serve (fused QKV and gate-up as served).
@@ -197,31 +265,64 @@ DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
     (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),
     # Qwen3-32B: hidden 5120, 64 q / 8 kv heads of 128, intermediate 25600
     (10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600),
-    # DeepSeek-V3 dense MLP (first 3 layers): hidden 7168, intermediate 18432
-    (36864, 7168), (7168, 18432),
+    # DeepSeek-V3 dense MLP (first 3 layers): hidden 7168, intermediate 18432; shared expert
+    # (intermediate 2048); MLA projections (q_lora 1536, kv_lora 512, 128 heads of 128 + 64 rope)
+    (36864, 7168), (7168, 18432), (4096, 7168), (7168, 2048),
+    (1536, 7168), (24576, 1536), (576, 7168), (32768, 512), (7168, 16384),
 )  # fmt: skip
 
 
 def shapes_from_config(config: dict[str, Any], family: str) -> list[tuple[int, int]]:
-    """(N, K) of a dense transformer's QKV, O, gate-up and down projections."""
+    """(N, K) of a transformer's dense projections: attention (QKV and O, or MLA's low-rank
+    projections), the dense MLP (gate-up, down) and shared experts (gate-up, down)."""
     hidden = config.get("hidden_size")
-    if not isinstance(hidden, int) or hidden < 1:
+    if not _positive(hidden):
         return []
-    heads = config.get("num_attention_heads")
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or (hidden // heads if isinstance(heads, int) else None)
-    intermediate = config.get("intermediate_size")
-    shapes: list[tuple[int, int]] = []
-    if all(isinstance(v, int) and v > 0 for v in (heads, kv_heads, head_dim)):
-        q = heads * head_dim
-        shapes += [(q + 2 * kv_heads * head_dim, hidden), (hidden, q)]
-    if isinstance(intermediate, int) and intermediate > 0:
-        shapes += [(2 * intermediate, hidden), (hidden, intermediate)]
+    shapes = _attention_shapes(config, hidden)
+    for width in (
+        config.get("intermediate_size"),
+        _product(config.get("n_shared_experts"), config.get("moe_intermediate_size")),
+    ):
+        if _positive(width):
+            shapes += [(2 * width, hidden), (hidden, width)]
     dtype = FP8_DTYPE if family == FP8_FAMILY else BF16_DTYPE
     unique = list(dict.fromkeys(shapes))
     for n, k in unique:
         check_problem(GemmProblem(1, n, k, dtype), family)
     return unique
+
+
+def _attention_shapes(config: dict[str, Any], hidden: int) -> list[tuple[int, int]]:
+    heads = config.get("num_attention_heads")
+    if not _positive(heads):
+        return []
+    kv_rank, q_rank = config.get("kv_lora_rank"), config.get("q_lora_rank")
+    if _positive(kv_rank):  # multi-head latent attention (DeepSeek-V2/V3)
+        nope, rope = config.get("qk_nope_head_dim"), config.get("qk_rope_head_dim")
+        v_dim = config.get("v_head_dim")
+        if not all(_positive(v) for v in (nope, rope, v_dim)):
+            return []
+        q_head = heads * (nope + rope)
+        shapes = [(q_rank, hidden), (q_head, q_rank)] if _positive(q_rank) else [(q_head, hidden)]
+        return shapes + [
+            (kv_rank + rope, hidden),  # kv_a (with the shared rope key)
+            (heads * (nope + v_dim), kv_rank),  # kv_b
+            (hidden, heads * v_dim),  # o
+        ]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    if not all(_positive(v) for v in (kv_heads, head_dim)):
+        return []
+    q = heads * head_dim
+    return [(q + 2 * kv_heads * head_dim, hidden), (hidden, q)]
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _product(*values):
+    return values[0] * values[1] if all(_positive(v) for v in values) else None
 
 
 class GemmSm90Family(KernelFamily):
@@ -262,8 +363,30 @@ class GemmSm90Family(KernelFamily):
             raise InputError(f"{self.name}: K={k} must be a multiple of {K_DIVISOR[dtype]}")
         return GemmProblem(m, n, k, dtype, bias is not None)
 
-    def dispatch(self, problem, arch: str) -> Dispatch:
-        return dispatch_problem(problem, arch, self.name)
+    def dispatch(self, problem, arch: str, table: Table | None = None) -> Dispatch:
+        return dispatch_problem(problem, arch, self.name, table)
+
+    def default_table(self, arch: str) -> Table | None:
+        table = default_table(arch)
+        return None if table is None else Table(self.name, arch, table.data, table.provenance)
+
+    def tune_problems(self, shape) -> Iterator[GemmProblem]:
+        """One problem per M bucket, with bias: the tactic does not depend on it."""
+        n, k = shape
+        for m in M_BUCKETS:
+            yield GemmProblem(m, n, k, self.dtype, True)
+
+    def tune_candidates(self, problem, arch: str) -> list[GemmSm90Key]:
+        problem = GemmProblem(*problem)
+        check_problem(problem, self.name)
+        aligned_n = problem.n % OUT_VECTOR == 0
+        return [
+            key for key in self.tactic_space(arch, aligned=(aligned_n,))
+            if key.has_bias == problem.has_bias
+        ]  # fmt: skip
+
+    def tuned_table(self, arch: str, winners: list, provenance: dict) -> Table:
+        return tuned_table(self.name, arch, winners, provenance)
 
     def problems(self, shape) -> Iterator[GemmProblem]:
         n, k = shape
@@ -302,17 +425,22 @@ class GemmSm90Family(KernelFamily):
             return function
         return lambda x, w, bias, out: function(x, w, out[0], out)
 
-    def tactic_space(self, arch: str) -> list[GemmSm90Key]:
-        """Every tile and cluster shape the kernel builds, with and without bias."""
+    def tactic_space(self, arch: str, aligned: tuple[bool, ...] = (True,)) -> list[GemmSm90Key]:
+        """Every tile and cluster shape the kernel builds, with and without bias; for the tiles
+        large M uses, also other raster groups (BLOCK_ORDER: M tiles fastest, no grouping).
+        `aligned`: which epilogues (N % 8 == 0, or any N); default shapes all have N % 8 == 0."""
         if arch not in ARCHS:
             return []
         return [
             self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
-                     stages_for(self.dtype, tile_m, tile_n), PDL)
+                     stages_for(self.dtype, tile_m, tile_n), PDL, raster_m, aligned_n)
             for tile_m in (64, 128)
             for tile_n in (64, 128, 256)
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
             for has_bias in (False, True)
+            for raster_m in ((RASTER_M, 2 * RASTER_M, BLOCK_ORDER) if tile_m * tile_n >= 128 * 128
+                             else (RASTER_M,))
+            for aligned_n in aligned
         ]  # fmt: skip
 
     def output_shape(self, problem) -> tuple[int, int]:

@@ -22,7 +22,7 @@ def compile(key: GemmSm90Key, arch: str):
     ab_dtype = cutlass.Float8E4M3FN if key.dtype == FP8_DTYPE else cutlass.BFloat16
     elem_bytes = ab_dtype.width // 8
     m = cute.sym_int()
-    n = cute.sym_int()
+    n = cute.sym_int(divisibility=8) if key.aligned_n else cute.sym_int()
     k = cute.sym_int(divisibility=key.align_bytes // elem_bytes)
     align = key.align_bytes
     x = cute.runtime.make_fake_tensor(ab_dtype, (m, k), (k, 1), assumed_align=align)
@@ -38,6 +38,7 @@ def compile(key: GemmSm90Key, arch: str):
         key.has_bias,
         key.pdl,
         key.raster_m,
+        key.aligned_n,
     )
     options = f"--gpu-arch {arch} --enable-tvm-ffi"
     if key.dtype == FP8_DTYPE:

@@ -37,11 +37,12 @@ Design (what a reviewer can check against the code below)
 * Out of bounds: the TMA descriptors cover the true [M, K] and [N, K] extents, so rows >= M,
   rows >= N and columns >= K of a box are zero-filled by the hardware (a zero K tail adds 0 to
   the accumulators).  The epilogue predicates every store on (m < M, n < N).
-* Epilogue (consumer threads only, straight from the accumulator registers): per accumulator
-  element (coordinates from partition_C of an identity tensor) scale (fp8), add bias[n] when
-  has_bias (read under the same n predicate), convert to bf16 and store out[m, n] when m < M and
-  n < N.  These are 2-byte STGs, tile_n / 2 per thread: NOT vectorized yet (next step: a
-  stmatrix -> shared -> TMA store epilogue, which also clips M / N without predicates).
+* Epilogue (consumer threads only): per accumulator element scale (fp8), add bias[n] when
+  has_bias (read only for n < N), convert to bf16.  With N % 8 == 0 (aligned_n, what every
+  model layer has) the tile is staged in shared memory (the operand slots, free by then; rows
+  padded by 8 elements so a warp's writes hit 32 distinct banks) and written back as 16-byte
+  row segments, whole rows per warp, predicated on m < M and n < N.  Any other N stores each
+  element from registers (2-byte stores under the same predicates).
 * PDL (pdl=True): every thread executes griddepcontrol.wait after the pipeline's barriers are
   initialised and before the first global read of x / w / bias / scales and before any write of
   out; consumers execute griddepcontrol.launch_dependents after their last wgmma retired (before
@@ -65,6 +66,9 @@ __all__ = ["HopperGemm", "SMEM_CAPACITY", "stage_bytes"]
 SMEM_CAPACITY = 232448  # bytes of dynamic shared memory an sm_90 CTA may use (227 KiB)
 BARRIER_RESERVE = 1024  # mbarriers + alignment slack
 WARPGROUP = 128
+OUT_VECTOR = 8  # bf16 per 16-byte store of the staged epilogue
+OUT_PAD = 8  # bf16 per staged row: rows 4 banks apart, so a warp's writes never conflict
+EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}  # keeps (C * consumer + producer) * 128 <= 64 Ki registers
 
@@ -86,6 +90,7 @@ class HopperGemm:
         has_bias: bool,
         pdl: bool,
         raster_m: int = 8,
+        aligned_n: bool = True,
     ):
         tile_m, tile_n = tile_mn
         if tile_m not in (64, 128):
@@ -114,8 +119,16 @@ class HopperGemm:
         self.has_bias = bool(has_bias)
         self.pdl = bool(pdl)
         if raster_m < 1 or raster_m % cluster_mn[0]:
-            raise ValueError(f"HopperGemm: raster_m must be a multiple of cluster_m, got {raster_m}")
+            raise ValueError(
+                f"HopperGemm: raster_m must be a multiple of cluster_m, got {raster_m}"
+            )
         self.raster_clusters = raster_m // cluster_mn[0]
+        # N % 8 == 0 (out rows 16-byte aligned): stage the tile in the operand slots and store
+        # 16-byte segments; they must hold the padded tile.
+        self.aligned_n = bool(aligned_n)
+        staged = tile_m * (tile_n + OUT_PAD) * 2
+        if self.aligned_n and staged > need:
+            raise ValueError(f"HopperGemm: {self.stages} stages cannot stage a {tile_mn} out tile")
         self.mma_warpgroups = tile_m // 64
         self.threads = (self.mma_warpgroups + 1) * WARPGROUP
         self.mma_threads = self.mma_warpgroups * WARPGROUP
@@ -250,6 +263,68 @@ class HopperGemm:
             cluster_tile_m * cluster_m + bidx % cluster_m,
             cluster_tile_n * cluster_n + bidy % cluster_n,
         )
+
+    @cute.jit
+    def _epilogue_value(self, value, scale, mBias, col, N):
+        if cutlass.const_expr(self.scaled):
+            value = value * scale
+        if cutlass.const_expr(self.has_bias):
+            bias = Float32(0.0)
+            if col < N:
+                bias = mBias[col].to(Float32)
+            value = value + bias
+        return value.to(self.out_dtype)
+
+    @cute.jit
+    def _store_from_registers(self, acc, scale, thr_mma, mBias, mOut, tile):
+        """Any N: each accumulator element to out[m, n] with a 2-byte store, when in bounds."""
+        M, N = mOut.shape
+        tile_mn = self.tile_shape_mnk[:2]
+        tCgOut = thr_mma.partition_C(cute.local_tile(mOut, tile_mn, tile))
+        tCcOut = thr_mma.partition_C(
+            cute.local_tile(cute.make_identity_tensor((M, N)), tile_mn, tile)
+        )
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            row, col = tCcOut[i]
+            if row < M and col < N:
+                tCgOut[i] = self._epilogue_value(acc[i], scale, mBias, col, N)
+
+    @cute.jit
+    def _store_through_smem(self, acc, scale, thr_mma, smem, mBias, mOut, tile, tidx):
+        """N % 8 == 0: the tile goes to shared memory (padded rows: no bank conflicts), then
+        each consumer thread stores 16-byte row segments: whole, coalesced rows of out.
+
+        The operand slots are reused for it: every TMA write into them has landed (each k-tile's
+        full barrier was waited on) and, after the barrier below, no wgmma reads them.
+        """
+        M, N = mOut.shape
+        tile_m, tile_n = self.tile_shape_mnk[:2]
+        sOut = cute.make_tensor(
+            cute.recast_ptr(smem, dtype=self.out_dtype),
+            cute.make_layout((tile_m, tile_n), stride=(tile_n + OUT_PAD, 1)),
+        )
+        tCsOut = thr_mma.partition_C(sOut)
+        tCcOut = thr_mma.partition_C(
+            cute.local_tile(cute.make_identity_tensor((M, N)), (tile_m, tile_n), tile)
+        )
+        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            tCsOut[i] = self._epilogue_value(acc[i], scale, mBias, tCcOut[i][1], N)
+        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
+        per_row = tile_n // OUT_VECTOR
+        rows_per_pass = self.mma_threads // per_row
+        first_row = tidx // per_row
+        segment = tidx % per_row
+        column = tile[1] * tile_n + segment * OUT_VECTOR
+        for step in cutlass.range_constexpr(tile_m // rows_per_pass):
+            row = first_row + step * rows_per_pass
+            out_row = tile[0] * tile_m + row
+            if out_row < M and column < N:
+                staged = cute.make_rmem_tensor((1, OUT_VECTOR), self.out_dtype)
+                cute.autovec_copy(cute.local_tile(sOut, (1, OUT_VECTOR), (row, segment)), staged)
+                cute.autovec_copy(
+                    staged, cute.local_tile(mOut, (1, OUT_VECTOR), (out_row, column // OUT_VECTOR))
+                )
 
     @cute.kernel
     def kernel(
@@ -396,28 +471,16 @@ class HopperGemm:
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
 
-            # ---- epilogue: (scale) + bias -> bf16 -> predicated stores ----
-            M = mOut.shape[0]
-            N = mOut.shape[1]
-            tile_mn = self.tile_shape_mnk[:2]
-            gOut = cute.local_tile(mOut, tile_mn, (tile_m_idx, tile_n_idx))
-            cOut = cute.local_tile(
-                cute.make_identity_tensor((M, N)), tile_mn, (tile_m_idx, tile_n_idx)
-            )
-            tCgOut = thr_mma.partition_C(gOut)
-            tCcOut = thr_mma.partition_C(cOut)
+            # ---- epilogue: (scale) + bias -> bf16 -> out ----
             scale = Float32(1.0)
             if cutlass.const_expr(self.scaled):
                 scale = mXScale[0] * mWScale[0]
-            for i in cutlass.range(cute.size(acc), unroll_full=True):
-                row, col = tCcOut[i]
-                if row < M and col < N:
-                    value = acc[i]
-                    if cutlass.const_expr(self.scaled):
-                        value = value * scale
-                    if cutlass.const_expr(self.has_bias):
-                        value = value + mBias[col].to(Float32)
-                    tCgOut[i] = value.to(self.out_dtype)
+            tile = (tile_m_idx, tile_n_idx)
+            if cutlass.const_expr(self.aligned_n):
+                self._store_through_smem(acc, scale, thr_mma, storage.sX.data_ptr(), mBias, mOut,
+                                         tile, tidx)  # fmt: skip
+            else:
+                self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
 
         # Peers multicast into this CTA's shared memory: stay resident until they are done.
         if cutlass.const_expr(self.cluster_mn[0] * self.cluster_mn[1] > 1):

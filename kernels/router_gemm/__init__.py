@@ -19,6 +19,7 @@ from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_family, normalize_arch
 from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
 from cute_aot.kernels.keys import KernelKey
+from cute_aot.kernels.tables import Table
 
 FAMILY = "router_gemm"
 # Bump when a kernel's code generation changes in a way the other key fields do not capture.
@@ -65,13 +66,6 @@ def tuned_tables() -> dict:
     return json.loads(text)
 
 
-def _override(entries: list[dict], m: int, k: int, n: int) -> dict | None:
-    for entry in entries:
-        if entry["k"] == k and entry["n"] == n and m in entry["m"]:
-            return entry
-    return None
-
-
 def check_problem(m: int, k: int, n: int, x_dtype: str = X_DTYPE, w_dtype: str = W_DTYPE) -> None:
     """Refuse problems no router GEMM kernel is built for, with the reason."""
     if (x_dtype, w_dtype) != (X_DTYPE, W_DTYPE):
@@ -88,21 +82,58 @@ def check_problem(m: int, k: int, n: int, x_dtype: str = X_DTYPE, w_dtype: str =
         raise UnsupportedProblemError(f"router_gemm needs N >= 1 experts, got N={n}")
 
 
+def default_table(arch: str) -> Table:
+    """tuned.json for `arch`'s architecture family, as one table: the default rule and rows that
+    override it for one (K, N) and listed M, each naming its backend."""
+    tables = tuned_tables()
+    section = tables[arch_family(arch)]
+    rows = [
+        {"k": r["k"], "n": r["n"], "m": r["m"], "backend": "dot", "block_size": r["block_size"]}
+        for r in section["dot_block_size"]
+    ] + [
+        {"k": r["k"], "n": r["n"], "m": r["m"], "backend": "splitk", "split_k": r["split_k"],
+         "num_stages": r["num_stages"]}
+        for r in section["split_k"]
+    ]  # fmt: skip
+    provenance = {"source": "package defaults (router_gemm/tuned.json)", "about": tables["about"]}
+    return Table(FAMILY, normalize_arch(arch), {"defaults": tables["defaults"], "rows": rows},
+                 provenance)  # fmt: skip
+
+
+def _row(table: Table, m: int, k: int, n: int) -> dict | None:
+    return next(
+        (r for r in table.data["rows"] if r["k"] == k and r["n"] == n and m in r["m"]), None
+    )
+
+
 @functools.lru_cache(maxsize=4096)
 def dispatch(
-    m: int, k: int, n: int, arch: str, x_dtype: str = X_DTYPE, w_dtype: str = W_DTYPE
+    m: int,
+    k: int,
+    n: int,
+    arch: str,
+    x_dtype: str = X_DTYPE,
+    w_dtype: str = W_DTYPE,
+    table: Table | None = None,
 ) -> RouterGemmKey:
-    """The one rule mapping a problem to a key. Build-time enumeration calls this too."""
+    """The one rule mapping a problem to a key. Build-time enumeration calls this too.
+
+    A table row for (K, N, M) decides; otherwise the default rule: the dot-product kernel when
+    M <= dot_max_m or K < dot_below_k, else cluster split-K, with the defaults' parameters.
+    """
     check_problem(m, k, n, x_dtype, w_dtype)
-    tables = tuned_tables()
-    defaults = tables["defaults"]
-    table = tables[arch_family(arch)]
+    table = table or default_table(arch)
+    defaults = table.data["defaults"]
     pdl = bool(defaults["pdl"])
-    if m <= defaults["dot_max_m"] or k < defaults["dot_below_k"]:
-        entry = _override(table["dot_block_size"], m, k, n)
-        block_size = entry["block_size"] if entry else defaults["block_size"]
+    row = _row(table, m, k, n)
+    backend = row["backend"] if row else None
+    if backend is None:
+        dot = m <= defaults["dot_max_m"] or k < defaults["dot_below_k"]
+        backend = "dot" if dot else "splitk"
+    if backend == "dot":
+        block_size = row["block_size"] if row else defaults["block_size"]
         return RouterGemmKey("dot", m, k, block_size, 0, 0, pdl)
-    entry = _override(table["split_k"], m, k, n) or defaults
+    entry = row or defaults
     return RouterGemmKey("splitk", 0, 0, 0, entry["split_k"], entry["num_stages"], pdl)
 
 
@@ -122,43 +153,67 @@ def enumerate_keys(
     return sorted(keys, key=lambda key: key.canonical_json())
 
 
-def _table_row(rows: list[dict], m: int, k: int, n: int) -> dict | None:
-    return next((r for r in rows if r["k"] == k and r["n"] == n and m in r["m"]), None)
-
-
-def dispatch_reason(m: int, k: int, n: int, arch: str, key: RouterGemmKey) -> str:
-    """Why `dispatch` chose `key`, in terms of the tuned tables (what `aot-cache explain` says)."""
-    tables = tuned_tables()
-    defaults, table_name = tables["defaults"], arch_family(arch)
-    table = tables[table_name]
-    if key.backend == "dot":
-        if m <= defaults["dot_max_m"]:
-            rule = f"M={m} <= dot_max_m={defaults['dot_max_m']}"
-        else:
-            rule = f"K={k} < dot_below_k={defaults['dot_below_k']}"
-        row = _table_row(table["dot_block_size"], m, k, n)
-        if row:
-            tactic = (
-                f"{table_name} table row (K={k}, N={n}, M in {row['m']}): block {row['block_size']}"
-            )
-        else:
-            tactic = f"no {table_name} table row for (K={k}, N={n}, M={m}): default block {defaults['block_size']}"
-        return f"{rule} -> dot-product kernel (M, K compiled in); {tactic}"
-    row = _table_row(table["split_k"], m, k, n)
+def dispatch_reason(
+    m: int, k: int, n: int, arch: str, key: RouterGemmKey, table: Table | None = None
+) -> str:
+    """Why `dispatch` chose `key`, in terms of the table (what `aot-cache explain` says)."""
+    table = table or default_table(arch)
+    defaults = table.data["defaults"]
+    row = _row(table, m, k, n)
     if row:
-        tactic = (
-            f"{table_name} table row (K={k}, N={n}, M in {row['m']}): "
-            f"split_k={row['split_k']}, stages={row['num_stages']}"
+        rule = f"table row (K={k}, N={n}, M in {row['m']})"
+        rule += f": {row['why']}" if row.get("why") else ""
+    elif key.backend == "dot":
+        rule = (
+            f"M={m} <= dot_max_m={defaults['dot_max_m']}" if m <= defaults["dot_max_m"]
+            else f"K={k} < dot_below_k={defaults['dot_below_k']}"
+        )  # fmt: skip
+        rule += f", no table row for (K={k}, N={n}, M={m}): default block"
+    else:
+        rule = (
+            f"M={m} > dot_max_m={defaults['dot_max_m']} and K={k} >= dot_below_k="
+            f"{defaults['dot_below_k']}, no table row for (K={k}, N={n}, M={m}): defaults"
         )
+    if key.backend == "dot":
+        tactic = f"dot-product kernel (M, K compiled in), block {key.block_size}"
     else:
         tactic = (
-            f"no {table_name} table row for (K={k}, N={n}, M={m}): defaults "
-            f"split_k={defaults['split_k']}, stages={defaults['num_stages']}"
+            f"cluster split-K kernel (sizes symbolic), split_k={key.split_k}, "
+            f"stages={key.num_stages}"
         )
-    return (
-        f"M={m} > dot_max_m={defaults['dot_max_m']} and K={k} >= dot_below_k="
-        f"{defaults['dot_below_k']} -> cluster split-K kernel (sizes symbolic); {tactic}"
-    )
+    return f"{rule} -> {tactic} [{table.describe()}]"
+
+
+def tune_candidates(m: int, k: int, n: int, arch: str) -> list[RouterGemmKey]:
+    """Keys worth timing for (M, K, N): dot-product with 128 and 256 threads, and cluster
+    split-K with 2..8 CTAs per cluster and 2..5 stages."""
+    check_problem(m, k, n)
+    pdl = bool(tuned_tables()["defaults"]["pdl"])
+    dot = [RouterGemmKey("dot", m, k, block, 0, 0, pdl) for block in (128, 256)]
+    split = [
+        RouterGemmKey("splitk", 0, 0, 0, split_k, stages, pdl)
+        for split_k in range(2, 9)
+        for stages in range(2, 6)
+    ]
+    return dot + split
+
+
+def tuned_table(arch: str, winners: list, provenance: dict) -> Table:
+    """The default rule plus one row per measured (K, N, M): the fastest correct kernel."""
+    base = default_table(arch)
+    rows = []
+    for problem, key, timings in sorted(winners, key=lambda w: (w[0].k, w[0].n, w[0].m)):
+        ranked = sorted(timings.values())
+        row = {"k": problem.k, "n": problem.n, "m": [problem.m], "backend": key.backend,
+               "us": round(timings[key.id], 3),
+               "runner_up_us": round(ranked[1], 3) if len(ranked) > 1 else None,
+               "why": f"fastest of {len(timings)} measured"}  # fmt: skip
+        if key.backend == "dot":
+            row["block_size"] = key.block_size
+        else:
+            row.update(split_k=key.split_k, num_stages=key.num_stages)
+        rows.append(row)
+    return Table(FAMILY, base.arch, {"defaults": base.data["defaults"], "rows": rows}, provenance)
 
 
 class RouterProblem(NamedTuple):
@@ -199,10 +254,19 @@ class RouterGemmFamily(KernelFamily):
         return RouterProblem(m, k, n, str(x.dtype).removeprefix("torch."),
                              str(w.dtype).removeprefix("torch."))  # fmt: skip
 
-    def dispatch(self, problem: RouterProblem, arch: str) -> Dispatch:
+    def dispatch(self, problem: RouterProblem, arch: str, table: Table | None = None) -> Dispatch:
         problem = RouterProblem(*problem)
-        key = dispatch(*problem[:3], arch, problem.x_dtype, problem.w_dtype)
-        return Dispatch(key, dispatch_reason(*problem[:3], arch, key))
+        key = dispatch(*problem[:3], arch, problem.x_dtype, problem.w_dtype, table)
+        return Dispatch(key, dispatch_reason(*problem[:3], arch, key, table))
+
+    def default_table(self, arch: str) -> Table:
+        return default_table(arch)
+
+    def tune_candidates(self, problem, arch: str) -> list[RouterGemmKey]:
+        return tune_candidates(*RouterProblem(*problem)[:3], arch)
+
+    def tuned_table(self, arch: str, winners: list, provenance: dict) -> Table:
+        return tuned_table(arch, winners, provenance)
 
     def problems(self, shape) -> Iterator[RouterProblem]:
         for m, k, n in problems([tuple(shape)]):
