@@ -62,12 +62,28 @@ PRESETS: dict[str, Model] = {
         _preset("kimi-k2", hidden_size=7168, n_routed_experts=384),
         _preset("qwen3-235b-a22b", hidden_size=4096, num_experts=128),
         _preset("qwen3-30b-a3b", hidden_size=2048, num_experts=128),
-        _preset("llama-3-8b", hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-                intermediate_size=14336),
-        _preset("llama-3-70b", hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
-                intermediate_size=28672),
-        _preset("qwen3-32b", hidden_size=5120, num_attention_heads=64, num_key_value_heads=8,
-                head_dim=128, intermediate_size=25600),
+        _preset(
+            "llama-3-8b",
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=14336,
+        ),
+        _preset(
+            "llama-3-70b",
+            hidden_size=8192,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            intermediate_size=28672,
+        ),
+        _preset(
+            "qwen3-32b",
+            hidden_size=5120,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=25600,
+        ),
     )  # fmt: skip
 }
 

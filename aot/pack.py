@@ -42,9 +42,7 @@ def pack_bundle(
         )
         for key in keys
     )
-    families = {
-        name_: family_facts(name_) for name_ in sorted({key.FAMILY for key in keys})
-    }
+    families = {name_: family_facts(name_) for name_ in sorted({key.FAMILY for key in keys})}
     manifest = Manifest(
         name=name,
         arch=arch,

@@ -222,7 +222,9 @@ def _hit_path(op: FamilyOp) -> Callable:
     what a server pays on every call."""
     names = [arg.name for arg in op.inputs]
     key = [
-        f"(None if {arg.name} is None else {arg.name}.shape)" if arg.optional else f"{arg.name}.shape"
+        f"(None if {arg.name} is None else {arg.name}.shape)"
+        if arg.optional
+        else f"{arg.name}.shape"
         for arg in op.inputs
     ]
     source = _HIT_PATH.format(

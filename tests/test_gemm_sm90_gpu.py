@@ -38,7 +38,15 @@ FAMILIES = {BF16_DTYPE: family, FP8_DTYPE: fp8_family}
 # Shapes off every tile: M not a multiple of 64 or 128, N not of 64/128/256 (N = 1001: not of 8,
 # the any-N epilogue), K not of 64/128. Bundles for these tests hold the keys of N = 1001.
 SWEEP_M = (1, 7, 64, 65, 100, 127, 129, 300, 511, 1000, 2049, 4097, 8192)
-SWEEP_NK = ((4096, 4096), (1000, 4096), (1001, 4096), (6144, 4112), (3000, 1008), (136, 80), (24, 16))
+SWEEP_NK = (
+    (4096, 4096),
+    (1000, 4096),
+    (1001, 4096),
+    (6144, 4112),
+    (3000, 1008),
+    (136, 80),
+    (24, 16),
+)
 
 
 def _registry():
