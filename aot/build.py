@@ -28,7 +28,7 @@ from rich.progress import (
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.aot.compile_pool import CompileCall, Worker, default_jobs, run_compiles
 from cute_aot.aot.compile_worker import compile_to_object
-from cute_aot.aot.pack import pack_bundle
+from cute_aot.aot.pack import BuildTables, pack_bundle, table_records
 from cute_aot.aot.shard import Shard, load_shards, write_shard_file
 from cute_aot.artifacts import PACKAGE_VERSION
 from cute_aot.artifacts.atomic import atomic_write
@@ -53,7 +53,10 @@ class BuildPlan:
     families: list[str] = field(default_factory=lambda: list(families()))  # default: all installed
     extra_shapes: dict[str, list[Shape]] = field(default_factory=dict)  # family -> shapes
     default_shapes: bool = True
-    all_tactics: bool = False  # also every key of each family's tactic space (for tuning)
+    all_tactics: bool = False  # also every tuning candidate of the shapes (for aot-tune)
+    tables: BuildTables = field(
+        default_factory=dict
+    )  # (family, arch) -> table (aot-build --tables)
 
     def shapes(self, name: str) -> list[Shape]:
         """The family's shapes: its defaults (unless left out), then the extra ones, each once."""
@@ -79,9 +82,17 @@ class BuildPlan:
         arch = normalize_arch(arch)
         keys = []
         for name in self.families_for(arch):
-            keys += family(name).enumerate_keys(arch, self.shapes(name))
-            if self.all_tactics:
-                keys += family(name).tactic_space(arch)
+            keys += family(name).enumerate_keys(
+                arch, self.shapes(name), self.tables.get((name, arch))
+            )
+            if self.all_tactics:  # every candidate aot-tune would time for these shapes
+                found = family(name)
+                keys += [
+                    key
+                    for shape in self.shapes(name)
+                    for problem in found.tune_problems(shape)
+                    for key in found.tune_candidates(problem, arch)
+                ]
         return keys
 
 
@@ -130,6 +141,7 @@ def run_build(
     shard: Shard | None = None,
     show_progress: bool = True,
     worker: Worker = compile_to_object,
+    tables: BuildTables | None = None,
 ) -> BuildOutcome:
     """Build every planned key (or one shard's slice of them) into out_dir.
 
@@ -138,6 +150,8 @@ def run_build(
     to `out_dir/<name>.shard-<i>-of-<n>/` for `merge` instead of bundles.
     """
     started = time.perf_counter()
+    if tables is None and isinstance(plan, BuildPlan):
+        tables = plan.tables
     plan_keys = keys_by_arch(plan)
     out_dir = Path(out_dir)
     todo = [(arch, key) for arch, keys in plan_keys.items() for key in keys]
@@ -147,11 +161,11 @@ def run_build(
         rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress, worker)
         outcome = BuildOutcome(name, [rows[(arch, key.symbol)] for arch, key in todo], jobs=jobs)
         if shard:
-            write_shard_file(folder, shard, name, bundle_version, plan_keys, outcome.rows)
+            write_shard_file(folder, shard, name, bundle_version, plan_keys, outcome.rows, tables)
             outcome.shard_folder = out_dir / shard.folder_name(name)
         else:
             outcome.bundles, outcome.incomplete = write_bundles(
-                plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures
+                plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures, tables
             )
     outcome.seconds = time.perf_counter() - started
     return outcome
@@ -178,6 +192,7 @@ def merge(
         merged.bundle_version,
         cache,
         allow_failures,
+        merged.tables,
     )
     return BuildOutcome(
         merged.name, rows, bundles, incomplete, seconds=time.perf_counter() - started
@@ -305,6 +320,7 @@ def write_bundles(
     bundle_version: str,
     cache: BuildCache | None,
     allow_failures: bool,
+    tables: BuildTables | None = None,
 ) -> tuple[list[Path], dict[str, int]]:
     """One bundle per architecture whose keys all compiled (or, allowing failures, any did)."""
     paths, incomplete = [], {}
@@ -315,17 +331,18 @@ def write_bundles(
             if not allow_failures or not good:
                 continue
         objects = {key: rows[(arch, key.symbol)] for key in good}
-        paths.append(_write_bundle(arch, objects, out_dir, name, bundle_version, cache))
+        paths.append(_write_bundle(arch, objects, out_dir, name, bundle_version, cache, tables))
     return paths, incomplete
 
 
-def _write_bundle(arch, objects, out_dir, name, bundle_version, cache) -> Path:
+def _write_bundle(arch, objects, out_dir, name, bundle_version, cache, tables) -> Path:
     ordered = [objects[key] for key in sorted(objects, key=lambda key: key.symbol)]
-    digest = cache.bundle_digest(name, arch, bundle_version, ordered) if cache else None
+    records = table_records({key.FAMILY for key in objects}, arch, tables)
+    digest = cache.bundle_digest(name, arch, bundle_version, ordered, records) if cache else None
     data = cache.fetch_bundle(digest) if cache else None
     if data is None:
         try:
-            _, data = pack_bundle(name, arch, objects, bundle_version)
+            _, data = pack_bundle(name, arch, objects, bundle_version, tables=tables)
         except BuildError as exc:
             raise BuildError(f"bundle {name!r} for {arch}: {exc}") from None
         if cache:

@@ -158,8 +158,11 @@ class BuildCache:
             }
         )
 
-    def bundle_digest(self, name: str, arch: str, bundle_version: str, rows: list[dict]) -> str:
-        """rows: the report rows of the bundle's objects, in link order."""
+    def bundle_digest(
+        self, name: str, arch: str, bundle_version: str, rows: list[dict], tables: dict
+    ) -> str:
+        """rows: the report rows of the bundle's objects, in link order; tables: the records
+        of the dispatch tables its manifest carries (part of its bytes)."""
         families = sorted({row["family"] for row in rows})
         return _digest(
             {
@@ -171,6 +174,7 @@ class BuildCache:
                 "toolchain": self.toolchain,
                 "families": {f: family_facts(f) for f in families},
                 "objects": [stable_row(row) for row in rows],
+                "tables": tables,
                 "packer": packer_fingerprint(),
             }
         )

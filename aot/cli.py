@@ -39,10 +39,11 @@ from cute_aot.aot.compile_pool import default_jobs
 from cute_aot.aot.report import print_summary, report_path, write_report
 from cute_aot.aot.shard import Shard
 from cute_aot.artifacts import signing
-from cute_aot.artifacts.errors import CuteAotError, KeyFileError
+from cute_aot.artifacts.errors import CuteAotError, KeyFileError, TableError
 from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 from cute_aot.kernels.contract import Shape
+from cute_aot.kernels.tables import read_tables
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -397,9 +398,16 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
 )
 @click.option("--no-default-shapes", is_flag=True, help="Leave out the default shapes.")
 @click.option(
+    "--tables",
+    "tables_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Dispatch tables (from aot-tune) to enumerate keys with; each bundle records the table "
+    "it was built with, and servers dispatch with it. Default: the packages' own tables.",
+)
+@click.option(
     "--all-tactics",
     is_flag=True,
-    help="Also build every tactic each family can run (for measuring tactics, e.g. aot-tune).",
+    help="Also build every candidate tactic `aot-tune` would time for these shapes.",
 )
 @click.option(
     "--model",
@@ -463,6 +471,7 @@ def main(
     archs,
     shapes,
     no_default_shapes,
+    tables_file,
     all_tactics,
     models,
     model_configs,
@@ -494,6 +503,8 @@ def main(
                 console, archs, shapes, no_default_shapes, models, model_configs, families
             )
             build_plan.all_tactics = all_tactics
+            if tables_file:
+                build_plan.tables = _read_build_tables(console, tables_file, build_plan)
             plan = keys_by_arch(build_plan)
             _say_archs_without_keys(console, build_plan.archs, plan)
         _announce(console, plan, shard, cache)
@@ -527,6 +538,21 @@ def main(
     except CuteAotError as exc:
         console.print(f"[red]aot-build failed:[/red] {escape(str(exc))}")
         sys.exit(1)
+
+
+def _read_build_tables(console: Console, path: str, plan: BuildPlan) -> dict:
+    """(family, arch) -> Table from a tables file; a table the build has no use for is said."""
+    chosen = {}
+    for table in read_tables(path):
+        arch = normalize_arch(table.arch)
+        if table.family not in plan.families or arch not in map(normalize_arch, plan.archs):
+            console.print(f"{path}: {table.family} table for {arch} not used (not in this build)")
+            continue
+        if family(table.family).default_table(arch) is None:
+            raise TableError(path, f"{table.family} reads no dispatch table")
+        chosen[(table.family, arch)] = table
+        console.print(f"{table.family} on {arch}: {table.describe()}")
+    return chosen
 
 
 def _plan(

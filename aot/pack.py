@@ -10,7 +10,20 @@ from cute_aot.aot.link import link_library
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.bundle import encode_bundle
 from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family_facts
+from cute_aot.kernels import family, family_facts
+from cute_aot.kernels.tables import Table
+
+BuildTables = dict[tuple[str, str], Table]  # (family, arch) -> the table keys were enumerated with
+
+
+def table_records(names, arch: str, tables: BuildTables | None) -> dict[str, dict]:
+    """family -> the record of the table its keys for `arch` were enumerated with."""
+    records = {}
+    for name in sorted(names):
+        table = (tables or {}).get((name, arch)) or family(name).default_table(arch)
+        if table is not None:
+            records[name] = table.record()
+    return records
 
 
 def pack_bundle(
@@ -19,9 +32,12 @@ def pack_bundle(
     objects: dict,
     bundle_version: str = PACKAGE_VERSION,
     sign: Callable[[Manifest], Manifest] | None = None,
+    tables: BuildTables | None = None,
 ) -> tuple[Manifest, bytes]:
     """objects: key -> {"object": path, "sha256": str, "size": int}. Returns (manifest, bytes).
     `sign`: signs the finished manifest (the JIT overlay signs its entries with a local key).
+    `tables`: the dispatch tables the keys were enumerated with, by (family, arch); each family
+    that reads a table records it (that one, or the package's default) next to its facts.
 
     Keys are linked in symbol order, so the same objects always give the same bytes.
     """
@@ -43,6 +59,8 @@ def pack_bundle(
         for key in keys
     )
     families = {name_: family_facts(name_) for name_ in sorted({key.FAMILY for key in keys})}
+    for name_, record in table_records(families, arch, tables).items():
+        families[name_]["table"] = record
     manifest = Manifest(
         name=name,
         arch=arch,

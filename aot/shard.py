@@ -12,6 +12,7 @@ build does, so the bundles are byte-identical to an unsharded build of the same 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -23,6 +24,7 @@ from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.errors import ShardError
 from cute_aot.kernels import families, family, family_facts, source_hash
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
+from cute_aot.kernels.tables import Table
 
 SHARD_FORMAT = 1
 SHARD_FILE = "shard.json"
@@ -81,8 +83,10 @@ def write_shard_file(
     bundle_version: str,
     keys_by_arch: dict[str, list],
     rows: list[dict],
+    tables=None,
 ) -> Path:
-    """Describe a finished shard; object paths are stored relative to its folder."""
+    """Describe a finished shard; object paths are stored relative to its folder. `tables`:
+    the (family, arch) -> Table the plan was made with, for the merged bundles' manifests."""
     plan = plan_record(keys_by_arch)
     portable_rows = []
     for row in rows:
@@ -101,6 +105,7 @@ def write_shard_file(
         "toolchain": toolchain.fingerprint(),
         "families": families_record(keys_by_arch),
         "rows": portable_rows,
+        "tables": [table.record() for _, table in sorted((tables or {}).items())],
     }
     return atomic_write(
         folder / SHARD_FILE, json.dumps(document, indent=1, sort_keys=True).encode()
@@ -114,6 +119,7 @@ class MergeInput:
     keys_by_arch: dict[str, list]
     rows: dict[tuple[str, str], dict]  # (arch, symbol) -> row with an absolute object path
     folders: list[Path]
+    tables: dict = dataclasses.field(default_factory=dict)  # (family, arch) -> Table
 
 
 def find_shard_files(paths: list[Path]) -> list[Path]:
@@ -139,8 +145,8 @@ def load_shards(paths: list[Path]) -> MergeInput:
     _check_local_toolchain(first_folder, first)
     seen: dict[int, Path] = {}
     for folder, document in documents:
-        for field in ("name", "bundle_version", "plan_sha256", "created_by", "toolchain"):
-            if document[field] != first[field]:
+        for field in ("name", "bundle_version", "plan_sha256", "created_by", "toolchain", "tables"):
+            if document.get(field) != first.get(field):
                 raise ShardError(
                     f"{folder} and {first_folder} differ in {field} "
                     f"({document[field]!r} vs {first[field]!r}): not shards of one build"
@@ -161,9 +167,14 @@ def load_shards(paths: list[Path]) -> MergeInput:
         )
     keys_by_arch = _plan_keys(first_folder, first)
     rows = _collect_rows(documents, keys_by_arch)
+    tables = {}
+    for record in first.get("tables", []):
+        table = Table.from_record(record, str(first_folder / SHARD_FILE))
+        tables[(table.family, table.arch)] = table
     return MergeInput(
-        first["name"], first["bundle_version"], keys_by_arch, rows, [f for f, _ in documents]
-    )
+        first["name"], first["bundle_version"], keys_by_arch, rows, [f for f, _ in documents],
+        tables,
+    )  # fmt: skip
 
 
 def _read(file: Path) -> dict:

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from pathlib import Path
 
 import click
 
-L2_FLUSH_BYTES = 256 << 20  # operand copies cycled per graph: several times the 50 MB L2
-GRAPH_SECONDS = 1e-3  # aim each graph replay at about this long
-REPLAYS = 5
+from cute_aot.aot.timing import operand_copies, seconds_per_call
 
 
 def _operands(torch, dtype: str, m: int, n: int, k: int, copies: int):
@@ -52,38 +49,6 @@ def _cublas(torch, dtype: str):
                          out_dtype=torch.bfloat16, use_fast_accum=True, out=out)  # fmt: skip
 
     return scaled
-
-
-def _seconds_per_call(torch, call, sets, out) -> float:
-    """Median seconds per call over graph replays, the graph cycling through `sets`."""
-    for operands in sets:
-        call(*operands, out)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for operands in sets:
-        call(*operands, out)
-    end.record()
-    torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) * 1e-3 / len(sets), 1e-6)
-    rounds = max(1, min(200 // len(sets), math.ceil(GRAPH_SECONDS / estimate / len(sets))))
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(rounds):
-            for operands in sets:
-                call(*operands, out)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / (rounds * len(sets)))
-    del graph
-    return statistics.median(times)
 
 
 def _geomean(values):
@@ -119,16 +84,15 @@ def measure(
         baseline = _cublas(torch, dtype)
         for n, k in DEFAULT_SHAPES[:shapes_limit]:
             for m in (m for m in M_BUCKETS if m <= max_m):
-                operand_bytes = (m * k + n * k) * (2 if dtype == "bfloat16" else 1)
-                copies = max(1, min(16, L2_FLUSH_BYTES // operand_bytes))
+                copies = operand_copies((m * k + n * k) * (2 if dtype == "bfloat16" else 1))
                 sets = _operands(torch, dtype, m, n, k, copies)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 problem = GemmProblem(m, n, k, dtype, True)
                 chosen = found.dispatch(problem, arch).key
                 ours = REGISTRY.resolve(chosen, arch, {})
-                ours_s = _seconds_per_call(torch, ours, sets, out)
+                ours_s = seconds_per_call(ours, sets, out)
                 ours_out = out.clone()
-                cublas_s = _seconds_per_call(torch, baseline, sets, out)
+                cublas_s = seconds_per_call(baseline, sets, out)
                 diff = (ours_out.float() - out.float()).abs().max().item()
                 row = {
                     "family": family_name, "m": m, "n": n, "k": k, "key": chosen.describe(),
@@ -140,9 +104,7 @@ def measure(
                 }  # fmt: skip
                 if m <= tactics_max_m:
                     row["tactics_us"] = {
-                        key.describe(): _seconds_per_call(
-                            torch, REGISTRY.resolve(key, arch, {}), sets, out
-                        )
+                        key.describe(): seconds_per_call(REGISTRY.resolve(key, arch, {}), sets, out)
                         * 1e6
                         for key in built
                     }

@@ -25,12 +25,12 @@ What a family declares:
     default_table(arch) the tactic table dispatch reads, as data (kernels/tables.py), or None;
                         bundles carry the table they were built with, and servers dispatch with it
     tune_problems, tune_candidates, tuned_table   what `aot-tune` measures and makes of it
+                        (`aot-build --all-tactics` builds every candidate of the shapes)
     problems(shape)     every problem a server can ask for with one weight shape (e.g. M = 1..16)
     default_shapes, shapes_from_model(config)   what the build enumerates keys from
     shapes_from_torch_model(module)             what a server warms up
     input_shapes(problem), output_shape(problem)   (None for an optional input left out)
     bind(function, problem)   what the op calls (optional inputs: a stand-in for None)
-    tactic_space(arch)  every key worth measuring (`aot-build --all-tactics`)
     reference(*inputs)  a torch implementation: tests and the torch fallback of mode auto
     builder             module with `compile(key, arch)`, imported only by builds and JIT
 """
@@ -175,9 +175,10 @@ class KernelFamily:
         """The distinct keys dispatch yields for these shapes (with `table`, for families that
         read one): exactly what servers with this table will ask."""
         shapes = self.default_shapes if shapes is None else shapes
-        extra = () if table is None else (table,)
         keys = {
-            self.dispatch(p, arch, *extra).key for shape in shapes for p in self.problems(shape)
+            dispatch_with(self, p, arch, table).key
+            for shape in shapes
+            for p in self.problems(shape)
         }
         return sorted(keys, key=lambda key: key.canonical_json())
 
@@ -200,17 +201,19 @@ class KernelFamily:
         key being the fastest correct candidate of the problem."""
         raise NotImplementedError(f"{self.name} has no dispatch table to tune")
 
-    def tactic_space(self, arch: str) -> list[KernelKey]:
-        """Every key worth measuring on `arch` (`aot-build --all-tactics`, tuning); by default
-        only what the default shapes dispatch to."""
-        return self.enumerate_keys(arch)
-
     def compile(self, key: KernelKey, arch: str):
         """Cross-compile `key` for `arch` (imports the builder, and with it cutlass)."""
         return importlib.import_module(self.builder).compile(key, arch)
 
     def __repr__(self) -> str:
         return f"<kernel family {self.name} v{self.version} ({', '.join(self.archs)})>"
+
+
+def dispatch_with(family: KernelFamily, problem: Problem, arch: str, table: Table | None):
+    """family.dispatch with `table` when there is one (families without tables take none)."""
+    if table is None:
+        return family.dispatch(problem, arch)
+    return family.dispatch(problem, arch, table)
 
 
 def parse_ints(family: KernelFamily, text: str, syntax: str) -> tuple[int, ...]:

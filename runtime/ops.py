@@ -22,7 +22,7 @@ import torch
 
 from cute_aot.artifacts.errors import InputError, JitUnavailableError, UnsupportedProblemError
 from cute_aot.kernels import KernelFamily, families, family
-from cute_aot.kernels.contract import TensorArg
+from cute_aot.kernels.contract import TensorArg, dispatch_with
 from cute_aot.runtime.device import device_arch
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
@@ -119,7 +119,8 @@ class FamilyOp:
                 raise UnsupportedProblemError(
                     f"{family_name} is built for {', '.join(self.family.archs)}, not {arch}"
                 )
-            key = self.family.dispatch(problem, arch).key
+            table = REGISTRY.table(family_name, arch)  # the serving bundle's, or the package's
+            key = dispatch_with(self.family, problem, arch, table).key
             details = self.family.describe_problem(problem)
             function = REGISTRY.resolve(key, arch, details)
             return self.family.bind(function, problem), out_shape

@@ -18,9 +18,11 @@ from cute_aot.artifacts.errors import (
     KernelNotFoundError,
     KeyFileError,
     StaleBundleError,
+    TableError,
 )
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import families, family_facts
+from cute_aot.kernels.tables import Table
 from cute_aot.runtime import jit, overlay, paths
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
@@ -70,6 +72,9 @@ class Registry:
         self._lock = threading.RLock()
         self._env_loaded = False
         self._listeners: list[Callable[[], None]] = []
+        # (arch, family) -> (dispatch table, the bundle it came from): the first loaded bundle
+        # that carries one for the family decides; kernels of every bundle still serve any key.
+        self._tables: dict[tuple[str, str], tuple[Table, Path]] = {}
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` whenever the set of bundles changes (ops forget their resolutions)."""
@@ -84,12 +89,40 @@ class Registry:
         reasons = self._refuse_stale(bundle.path, bundle.manifest)
         with self._lock:
             self.bundles.append(bundle)
+            for name, facts in bundle.manifest.families.items():
+                if name not in reasons and "table" in facts:
+                    self._add_table(bundle, name, facts["table"])
             for entry in bundle.manifest.entries:
                 if entry.family not in reasons:
                     # first loaded wins: explicit paths are loaded before CUTE_AOT_BUNDLES
                     self._index.setdefault((bundle.arch, entry.family, entry.key_id), bundle)
             # A shape resolved before (to the overlay, JIT or torch) may now have a prebuilt kernel.
             self.notify_change()
+
+    def _add_table(self, bundle: LoadedBundle, family_name: str, record: dict) -> None:
+        try:
+            table = Table.from_record(record, str(bundle.path))
+        except TableError as exc:
+            warn_once(("bad-table", str(bundle.path), family_name),
+                      f"{exc}; {family_name} dispatches with the installed package's table")  # fmt: skip
+            return
+        first, where = self._tables.setdefault((bundle.arch, family_name), (table, bundle.path))
+        if first != table:
+            warn_once(
+                ("table-differs", str(bundle.path), family_name),
+                f"{bundle.path}: its {family_name} dispatch table for {bundle.arch} "
+                f"({table.describe()}) differs from that of {where}, loaded first "
+                f"({first.describe()}); {family_name} dispatches with the first one, and the "
+                "kernels of both bundles serve whatever key it asks for",
+            )
+
+    def table(self, family_name: str, arch: str) -> Table | None:
+        """The dispatch table `family_name` uses on `arch`: the one recorded by the first loaded
+        bundle that carries one for it (None: the installed package's own)."""
+        if not self._env_loaded:
+            self.load_from_env()
+        found = self._tables.get((arch, family_name))
+        return found[0] if found else None
 
     def load(self, *sources: str | os.PathLike, gpu_arch: str | None = None) -> list[LoadedBundle]:
         """Load bundle files, and the bundles of `gpu_arch` found in folders.
@@ -246,6 +279,7 @@ class Registry:
             self.overlay_bundles.clear()
             self.stale.clear()
             self._index.clear()
+            self._tables.clear()
             self._env_loaded = False
         self.notify_change()
 

@@ -341,11 +341,13 @@ def test_cache_digest_changes_with_what_changes_the_object(tmp_path):
 
     row = {"family": "router_gemm", "key_id": key.id, "symbol": key.symbol, "arch": "sm_90a",
            "sha256": "0" * 64, "size": 10, "seconds": 1.0, "object": "/tmp/x.o"}  # fmt: skip
-    bundle = cache.bundle_digest("n", "sm_90a", "1.0", [row])
-    assert bundle == cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "seconds": 9.0}])
-    assert bundle != cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "sha256": "1" * 64}])
-    assert bundle != cache.bundle_digest("n", "sm_90a", "1.1", [row])
-    assert bundle != cache.bundle_digest("m", "sm_90a", "1.0", [row])
+    bundle = cache.bundle_digest("n", "sm_90a", "1.0", [row], {})
+    assert bundle == cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "seconds": 9.0}], {})
+    assert bundle != cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "sha256": "1" * 64}], {})
+    assert bundle != cache.bundle_digest("n", "sm_90a", "1.1", [row], {})
+    assert bundle != cache.bundle_digest("m", "sm_90a", "1.0", [row], {})
+    # The manifest records the dispatch tables: another table is another bundle.
+    assert bundle != cache.bundle_digest("n", "sm_90a", "1.0", [row], {"f": {"digest": "1"}})
 
 
 def test_default_cache_root_follows_the_runtime_cache_dir(monkeypatch, tmp_path):

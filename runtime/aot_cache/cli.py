@@ -170,8 +170,9 @@ def _print_ls(rows: list[dict], overlay_rows: list[dict]) -> None:
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--family", "family_name", help="Only entries of this family.")
 @click.option("--key", "key_id", help="One entry in detail: key id, unique id prefix, or symbol.")
+@click.option("--tables", "show_tables", is_flag=True, help="The dispatch tables it carries.")
 @json_option
-def show_command(bundle, family_name, key_id, as_json):
+def show_command(bundle, family_name, key_id, show_tables, as_json):
     """Entries: key, symbol, size, sha256, registers, shared memory, SASS instruction classes.
 
     Resources and instruction counts were read from each kernel's cubin with cuobjdump/nvdisasm
@@ -185,6 +186,9 @@ def show_command(bundle, family_name, key_id, as_json):
         return
     console = make_console()
     console.print(_bundle_header(report))
+    if show_tables:
+        _print_tables(console, report["families"], family_name)
+        return
     if key_id:
         _print_entry_detail(console, facts[0])
     else:
@@ -202,7 +206,11 @@ def _bundle_header(report: dict) -> Table:
         state = report["stale"].get(name)
         state = f"STALE: {state}" if state else "matches the installed sources"
         source = str(facts.get("source_hash"))[:12]
-        family_lines.append(f"{name} v{facts.get('version')} · source {source} · {state}")
+        line = f"{name} v{facts.get('version')} · source {source} · {state}"
+        if isinstance(facts.get("table"), dict):
+            table = facts["table"]
+            line += f" · table {table.get('digest')} ({table.get('provenance', {}).get('source')})"
+        family_lines.append(line)
     library, payload = report["library"], report["payload"]
     rows = {
         "bundle": report["path"],
@@ -217,6 +225,34 @@ def _bundle_header(report: dict) -> Table:
     for label, value in rows.items():
         grid.add_row(label, value)
     return grid
+
+
+def _print_tables(console: Console, families: dict, only: str | None) -> None:
+    """Each family's dispatch table: provenance, settings, then every list of rows as a table."""
+    for name, facts in families.items():
+        record = facts.get("table")
+        if only and name != only:
+            continue
+        if not isinstance(record, dict):
+            console.print(f"{name}: no dispatch table recorded (it reads none, or an older build)")
+            continue
+        console.print(Text(f"{name} on {record.get('arch')}: table {record.get('digest')}",
+                           style="bold"))  # fmt: skip
+        for label, value in (record.get("provenance") or {}).items():
+            console.print(f"  {label}: {value}")
+        data = record.get("data") or {}
+        for label, value in data.items():
+            if not isinstance(value, list):
+                console.print(f"  {label}: {json.dumps(value, sort_keys=True)}")
+        for label, rows in data.items():
+            if isinstance(rows, list) and rows:
+                columns = list(dict.fromkeys(c for row in rows for c in row))
+                view = make_table(f"{name}: {label}", *columns)
+                for row in rows:
+                    view.add_row(*(json.dumps(row.get(c)) if c in row else "" for c in columns))
+                console.print(view)
+            elif isinstance(rows, list):
+                console.print(f"  {label}: none")
 
 
 def _per_kernel(kernels: list[dict] | None, render: Callable[[dict], str]) -> str:
@@ -438,14 +474,16 @@ def explain_command(family, shape, dtype_text, archs, bundle_paths, mode_name, a
 @click.option("--exit-code", is_flag=True, help="Exit status 1 when A and B differ (as git diff).")
 @json_option
 def diff_command(bundle_a, bundle_b, exit_code, as_json):
-    """Keys added, removed and changed (same key, other binary) from bundle A to bundle B."""
+    """Keys added, removed and changed (same key, other binary) from bundle A to bundle B, and
+    how their dispatch tables differ."""
     result = {"a": str(bundle_a), "b": str(bundle_b)}
     result.update(diff_manifests(read_manifest(bundle_a), read_manifest(bundle_b)))
     if as_json:
         emit_json(result)
     else:
         _print_diff(result)
-    if exit_code and any(result[part] for part in ("bundle", "added", "removed", "changed")):
+    parts = ("bundle", "tables", "added", "removed", "changed")
+    if exit_code and any(result[part] for part in parts):
         sys.exit(1)
 
 
@@ -463,6 +501,17 @@ def _print_diff(result: dict) -> None:
         for name, (old, new) in result["bundle"].items():
             facts.add_row(name, json.dumps(old, sort_keys=True), json.dumps(new, sort_keys=True))
         console.print(facts)
+    for name, change in result["tables"].items():
+        old, new = change["digest"]
+        sources = [(p or {}).get("source") for p in change["provenance"]]
+        console.print(f"{name} dispatch table: {old} ({sources[0]}) -> {new} ({sources[1]})")
+        for field, rows in change["fields"].items():
+            if "a" in rows:
+                console.print(f"  {field}: {json.dumps(rows['a'])} -> {json.dumps(rows['b'])}")
+                continue
+            for sign, listed in (("+", rows["added"]), ("-", rows["removed"])):
+                for row in listed:
+                    console.print(f"  {sign} {field}: {json.dumps(row, sort_keys=True)}")
     table = make_table("entries", "", "key id", "key", "what changed")
     for sign, rows, style in (("+", result["added"], "green"), ("-", result["removed"], "red")):
         for row in rows:

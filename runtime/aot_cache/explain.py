@@ -12,11 +12,12 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.errors import CuteAotError, TableError
 from cute_aot.artifacts.manifest import Entry
 from cute_aot.kernels import KernelFamily
-from cute_aot.kernels.contract import Problem
+from cute_aot.kernels.contract import Problem, dispatch_with
 from cute_aot.kernels.keys import KernelKey
+from cute_aot.kernels.tables import Table
 from cute_aot.runtime import loader, misses, overlay
 from cute_aot.runtime.aot_cache.inventory import BundleSource, key_text
 from cute_aot.runtime.jit import jit_available
@@ -43,9 +44,18 @@ def explain(
             "source": "error",
             "why": why,
         }
-    dispatch = family.dispatch(problem, arch)
+    table, table_path = (
+        (None, None) if mode is Mode.JIT else _bundle_table(family, arch, mode, bundles)
+    )
+    dispatch = dispatch_with(family, problem, arch, table)
     key = dispatch.key
     decision = _decision(arch, key, dispatch.reason)
+    if table_path is not None:
+        decision["table"] = {"path": str(table_path), **table.record()}
+        decision["notes"].append(
+            f"dispatched with the {family.name} table of {table_path} ({table.describe()}), "
+            "the first usable bundle that carries one"
+        )
     if mode is Mode.JIT:
         why = "mode jit compiles every kernel in the process; bundles and the overlay are ignored"
         return {**decision, "source": "jit", "why": why}
@@ -106,6 +116,54 @@ def _decision(arch: str, key: KernelKey | None, reason: str) -> dict:
     }
 
 
+def _bundle_table(
+    family: KernelFamily, arch: str, mode: Mode, bundles: list[BundleSource]
+) -> tuple[Table | None, Path | None]:
+    """The table a server would dispatch with: that of the first usable bundle carrying one."""
+    for path, from_folder, manifest in bundles:
+        if _usable(path, from_folder, manifest, family.name, arch, mode, notes=[]):
+            record = manifest.families.get(family.name, {}).get("table")
+            if record is not None:
+                try:
+                    return Table.from_record(record, str(path)), path
+                except TableError:
+                    return None, None  # the server warns and uses the package's table
+    return None, None
+
+
+def _usable(path, from_folder, manifest, family_name, arch, mode, notes) -> bool:
+    """Whether the runtime would use this bundle for `family_name` on `arch`; why not, to
+    notes."""
+    if isinstance(manifest, str):
+        notes.append(f"unreadable: {manifest}")
+        return False
+    if manifest.arch != arch:
+        if not from_folder:  # Registry.load refuses a named file of another architecture
+            notes.append(
+                f"{path} is built for {manifest.arch}: loading it by name on an {arch} GPU "
+                "raises IncompatibleBundleError"
+            )
+        return False
+    try:
+        with warnings.catch_warnings():  # an untrusted signer is said once by the server
+            warnings.simplefilter("ignore")
+            loader.check_trust(path, manifest)
+        loader.check_compatible(path, manifest, arch)
+    except CuteAotError as exc:  # signature policy, tvm-ffi ABI
+        notes.append(f"would not load: {exc}")
+        return False
+    stale = stale_reasons(manifest).get(family_name)
+    if stale:
+        fate = (
+            "raises StaleBundleError at load (mode aot)"
+            if mode is Mode.AOT
+            else "is not used for it"
+        )
+        notes.append(f"{path} {fate}: {stale}")
+        return False
+    return True
+
+
 def _search_bundles(
     family_name: str,
     key: KernelKey,
@@ -118,33 +176,9 @@ def _search_bundles(
     or None; how many usable bundles were searched). Why others were passed over goes to notes."""
     searched = 0
     for path, from_folder, manifest in bundles:
-        if isinstance(manifest, str):
-            notes.append(f"unreadable: {manifest}")
-            continue
-        if manifest.arch != arch:
-            if not from_folder:  # Registry.load refuses a named file of another architecture
-                notes.append(
-                    f"{path} is built for {manifest.arch}: loading it by name on an {arch} GPU "
-                    "raises IncompatibleBundleError"
-                )
-            continue
-        searched += 1
-        try:
-            with warnings.catch_warnings():  # an untrusted signer is said once by the server
-                warnings.simplefilter("ignore")
-                loader.check_trust(path, manifest)
-            loader.check_compatible(path, manifest, arch)
-        except CuteAotError as exc:  # signature policy, tvm-ffi ABI
-            notes.append(f"would not load: {exc}")
-            continue
-        stale = stale_reasons(manifest).get(family_name)
-        if stale:
-            fate = (
-                "raises StaleBundleError at load (mode aot)"
-                if mode is Mode.AOT
-                else "is not used for it"
-            )
-            notes.append(f"{path} {fate}: {stale}")
+        if not isinstance(manifest, str) and manifest.arch == arch:
+            searched += 1  # the runtime's count: bundles of this architecture
+        if not _usable(path, from_folder, manifest, family_name, arch, mode, notes):
             continue
         entry = manifest.entry_by_id().get(key.id)
         if entry is not None:

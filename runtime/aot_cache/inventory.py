@@ -210,16 +210,54 @@ def diff_manifests(a: Manifest, b: Manifest) -> dict:
         }
         if changes:
             changed.append({**brief(right[slot]), "changes": changes})
-    facts = ("name", "arch", "bundle_version", "created_by", "toolchain", "families")
+    facts = ("name", "arch", "bundle_version", "created_by", "toolchain")
+    bundle = {f: [getattr(a, f), getattr(b, f)] for f in facts if getattr(a, f) != getattr(b, f)}
+    without_tables = [
+        {name: {k: v for k, v in f.items() if k != "table"} for name, f in m.families.items()}
+        for m in (a, b)
+    ]
+    if without_tables[0] != without_tables[1]:
+        bundle["families"] = without_tables
     return {
-        "bundle": {
-            f: [getattr(a, f), getattr(b, f)] for f in facts if getattr(a, f) != getattr(b, f)
-        },
+        "bundle": bundle,
+        "tables": diff_tables(a, b),
         "added": [brief(right[s]) for s in sorted(right.keys() - left.keys())],
         "removed": [brief(left[s]) for s in sorted(left.keys() - right.keys())],
         "changed": changed,
         "unchanged": len(left.keys() & right.keys()) - len(changed),
     }
+
+
+def diff_tables(a: Manifest, b: Manifest) -> dict:
+    """family -> how its dispatch table differs from a to b (families whose tables differ):
+    digests, provenance, and the rows of each list of rows that only one side has."""
+    result = {}
+    for name in sorted(set(a.families) | set(b.families)):
+        left = a.families.get(name, {}).get("table")
+        right = b.families.get(name, {}).get("table")
+        if left == right or (left or {}).get("digest") == (right or {}).get("digest") is not None:
+            continue
+        rows: dict[str, dict] = {}
+        left_data, right_data = (left or {}).get("data", {}), (right or {}).get("data", {})
+        for field in sorted(set(left_data) | set(right_data)):
+            old, new = left_data.get(field), right_data.get(field)
+            if old == new:
+                continue
+            if isinstance(old, list) or isinstance(new, list):
+                old_rows = [json.dumps(r, sort_keys=True) for r in old or []]
+                new_rows = [json.dumps(r, sort_keys=True) for r in new or []]
+                rows[field] = {
+                    "added": [json.loads(r) for r in new_rows if r not in old_rows],
+                    "removed": [json.loads(r) for r in old_rows if r not in new_rows],
+                }
+            else:
+                rows[field] = {"a": old, "b": new}
+        result[name] = {
+            "digest": [(left or {}).get("digest"), (right or {}).get("digest")],
+            "provenance": [(left or {}).get("provenance"), (right or {}).get("provenance")],
+            "fields": rows,
+        }
+    return result
 
 
 def aggregate_misses(records: list[dict]) -> list[dict]:

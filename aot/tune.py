@@ -1,0 +1,271 @@
+"""`aot-tune`: time every candidate tactic of a family on this GPU, keep the fastest correct one
+per problem, and write the winners as a dispatch table (kernels/tables.py) with its provenance.
+
+    aot-tune --family gemm_sm90 --bundles bundles --out tables.json
+    aot-build --arch sm90a --tables tables.json        # bundles that carry and use the table
+
+Candidates come from bundles built with `aot-build --all-tactics` (no compiler needed here) or,
+for keys no bundle holds, from JIT (cutlass-dsl installed). Each candidate is checked against
+the family's torch reference before it may win. Measurements go to a results file (JSON lines)
+as they are made, so an interrupted run resumes where it stopped.
+
+The timing (cute_aot/aot/timing.py) replays CUDA graphs of many calls, operands cycled out of
+L2. Kernels that use PDL keep it on: consecutive calls in the graph overlap as they do in a
+model's forward pass, which is what the tactic is chosen for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cute_aot.aot import models as model_shapes
+from cute_aot.aot.timing import operand_copies, seconds_per_call
+from cute_aot.artifacts import PACKAGE_VERSION
+from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.kernels import KernelFamily, family
+from cute_aot.kernels.arch import normalize_arch
+from cute_aot.kernels.tables import Table, read_tables, write_tables
+
+RELATIVE_TOLERANCE = 0.02  # of the reference's largest magnitude: catches wrong kernels, not ulps
+
+
+def tensors_for(found: KernelFamily, problem, seed: int):
+    """Random inputs of a problem in ABI order (None for an optional input left out)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    inputs = []
+    for arg, shape in zip(found.inputs, found.input_shapes(problem), strict=True):
+        if shape is None:
+            inputs.append(None)
+            continue
+        values = torch.randn(shape, device="cuda", generator=gen)
+        if arg.dtype == "float32" and tuple(shape) == (1,):
+            values = values.abs() + 0.5  # a scale
+        inputs.append(values.to(getattr(torch, arg.dtype)))
+    return tuple(inputs)
+
+
+def is_close(out, reference) -> bool:
+    scale = float(reference.float().abs().max()) or 1.0
+    error = float((out.float() - reference.float()).abs().max())
+    return error == error and error <= RELATIVE_TOLERANCE * scale  # NaN is never close
+
+
+class Tuner:
+    def __init__(self, found: KernelFamily, arch: str, results_path: Path, console: Console):
+        self.family = found
+        self.arch = arch
+        self.results_path = results_path
+        self.console = console
+        self.done = self._read_results()
+        self.compiled: dict[str, object] = {}
+
+    def _read_results(self) -> dict[tuple[str, str], dict]:
+        done = {}
+        if self.results_path.exists():
+            for line in self.results_path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by an interruption
+                if row.get("family") == self.family.name and row.get("arch") == self.arch:
+                    done[(json.dumps(row["problem"]), row["key_id"])] = row
+        return done
+
+    def function(self, key):
+        """The candidate's function: from the loaded bundles, else JIT; None when neither."""
+        from cute_aot.runtime import REGISTRY
+
+        function = REGISTRY.bundle_function(key.FAMILY, key.id, self.arch)
+        if function is None and key.id not in self.compiled:
+            try:
+                self.compiled[key.id] = self.family.compile(key, self.arch)
+            except ImportError:
+                self.compiled[key.id] = None  # no cutlass here: only bundle keys can be timed
+        return function or self.compiled.get(key.id)
+
+    def measure(self, problem, candidates, progress, task) -> dict[str, dict]:
+        """key id -> result row for every candidate of `problem` (measured now or earlier)."""
+        import torch
+
+        rows = {}
+        inputs = None
+        problem_id = json.dumps(list(problem))
+        for key in candidates:
+            row = self.done.get((problem_id, key.id))
+            if row is None:
+                if inputs is None:
+                    inputs, reference, sets, out = self._operands(problem)
+                row = self._measure_one(key, problem, inputs, reference, sets, out)
+                with self.results_path.open("a") as results:
+                    results.write(json.dumps(row) + "\n")
+            rows[key.id] = row
+            progress.advance(task)
+        del inputs
+        torch.cuda.empty_cache()
+        return rows
+
+    def _operands(self, problem):
+        import torch
+
+        inputs = tensors_for(self.family, problem, seed=0)
+        reference = self.family.reference(*inputs)
+        size = sum(t.numel() * t.element_size() for t in inputs if t is not None)
+        copies = operand_copies(size)
+        sets = [inputs] + [tensors_for(self.family, problem, seed) for seed in range(1, copies)]
+        out = torch.empty(
+            tuple(self.family.output_shape(problem)),
+            dtype=getattr(torch, self.family.output.dtype),
+            device="cuda",
+        )
+        return inputs, reference, sets, out
+
+    def _measure_one(self, key, problem, inputs, reference, sets, out) -> dict:
+        row = {"family": self.family.name, "arch": self.arch, "problem": list(problem),
+               "key_id": key.id, "key": key.fields(), "us": None, "ok": False, "error": None}  # fmt: skip
+        try:
+            function = self.function(key)
+            if function is None:
+                row["error"] = "not in the bundles, and no JIT here"
+                return row
+            call = self.family.bind(function, problem)
+            out.fill_(float("nan"))
+            call(*inputs, out)
+            if not is_close(out, reference):
+                row["error"] = "does not match the reference"
+                return row
+            row["us"] = seconds_per_call(call, sets, out) * 1e6
+            row["ok"] = True
+        except Exception as exc:  # a candidate that cannot run loses; the others go on
+            row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        return row
+
+
+def provenance(found: KernelFamily, arch: str, shapes, candidates: int) -> dict:
+    import torch
+
+    facts = {
+        "source": "aot-tune",
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cute_aot": PACKAGE_VERSION,
+        "torch": torch.__version__,
+        "family_version": found.version,
+        "shapes": [list(shape) for shape in shapes],
+        "candidates": candidates,
+        "method": "CUDA graph replays (median of 5), operands cycled out of L2, PDL as keyed",
+    }
+    try:
+        query = "driver_version,clocks.sm,clocks.max.sm,power.limit"
+        line = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-i", "0"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+        facts.update(dict(zip(("driver", "sm_clock", "max_sm_clock", "power_limit"),
+                              (part.strip() for part in line.split(",")), strict=False)))  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        pass  # clocks are informative; a machine without nvidia-smi still tunes
+    return facts
+
+
+def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Console) -> Table:
+    tuner = Tuner(found, arch, results_path, console)
+    problems = [p for shape in shapes for p in found.tune_problems(shape)]
+    candidates = {p: found.tune_candidates(p, arch) for p in problems}
+    total = sum(len(c) for c in candidates.values())
+    winners = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
+        task = progress.add_task(f"tuning {found.name}", total=total)
+        for problem in problems:
+            rows = tuner.measure(problem, candidates[problem], progress, task)
+            timings = {key_id: row["us"] for key_id, row in rows.items() if row["ok"]}
+            if not timings:
+                errors = {row["error"] for row in rows.values()}
+                console.print(f"[yellow]{escape(str(problem))}: no candidate ran ({escape(str(errors))}); "
+                              "the default rule keeps it[/yellow]")  # fmt: skip
+                continue
+            best = min(timings, key=timings.get)
+            key = next(k for k in candidates[problem] if k.id == best)
+            winners.append((problem, key, timings))
+    return found.tuned_table(arch, winners, provenance(found, arch, shapes, total))
+
+
+def _current_arch() -> str:
+    from cute_aot.runtime.device import current_gpu_arch
+
+    arch = current_gpu_arch()
+    if arch is None:
+        raise click.UsageError("no supported GPU here: aot-tune measures on the GPU it runs on")
+    return arch
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--family", "family_name", required=True, help="Kernel family to tune.")
+@click.option("--arch", help="Architecture of this GPU (default: detected); checked against it.")
+@click.option(
+    "--shape", "shape_texts", multiple=True, help="Shape to tune (family syntax), repeatable."
+)
+@click.option("--model", "models", multiple=True, help="Tune a model preset's shapes.")
+@click.option(
+    "--bundles",
+    "bundle_paths",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Bundles (aot-build --all-tactics) holding the candidates; others are JIT-compiled.",
+)
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Tables file to write; its tables for other families or architectures are kept.",
+)
+@click.option("--results", "results_path", type=click.Path(dir_okay=False),
+              help="Measurements, one JSON line each (default: OUT.results.jsonl); resumes.")  # fmt: skip
+def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results_path):
+    """Measure a family's tactics on this GPU and write the winners as a dispatch table."""
+    console = Console(stderr=True)
+    try:
+        found = family(family_name)
+        detected = _current_arch()
+        arch = normalize_arch(arch) if arch else detected
+        if arch != detected:
+            raise click.UsageError(f"this GPU is {detected}: it cannot tune for {arch}")
+        if found.default_table(arch) is None:
+            raise click.UsageError(f"{family_name} has no dispatch table for {arch}")
+        shapes = [found.parse_shape(text) for text in shape_texts]
+        for name in models:
+            shapes += model_shapes.family_shapes(model_shapes.preset(name), found)
+        shapes = list(dict.fromkeys(shapes or found.default_shapes))
+        if bundle_paths:
+            from cute_aot.runtime import load_bundles
+
+            load_bundles(*bundle_paths, gpu_arch=arch)
+        results = Path(results_path or f"{out_path}.results.jsonl")
+        table = tune(found, arch, shapes, results, console)
+        kept = []
+        if Path(out_path).exists():
+            kept = [t for t in read_tables(out_path) if (t.family, t.arch) != (found.name, arch)]
+        write_tables(out_path, [*kept, table])
+        console.print(
+            f"wrote {found.name} {table.describe()} to {out_path} (measurements: {results})"
+        )
+    except CuteAotError as exc:
+        console.print(f"[red]aot-tune failed:[/red] {escape(str(exc))}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

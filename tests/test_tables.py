@@ -1,0 +1,184 @@
+"""Dispatch tables as data that travel with bundles (kernels/tables.py): the table format, tuned
+tables of both families, the round trip build -> manifest -> runtime, dispatch with the serving
+bundle's table, the two-bundles rule, and what aot-cache shows of them. No GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cute_aot.aot.build import BuildPlan, run_build
+from cute_aot.artifacts import toolchain
+from cute_aot.artifacts.bundle import read_manifest
+from cute_aot.artifacts.errors import TableError
+from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.kernels import family, family_facts
+from cute_aot.kernels.gemm_sm90 import GemmProblem
+from cute_aot.kernels.router_gemm import RouterProblem
+from cute_aot.kernels.tables import Table, read_tables, write_tables
+from cute_aot.runtime import REGISTRY, ops
+from cute_aot.runtime.aot_cache.cli import main as aot_cache
+from cute_aot.runtime.loader import LoadedBundle
+from tests.stubs import stub_compile
+
+ARCH = "sm_90a"
+ROUTER = family("router_gemm")
+GEMM = family("gemm_sm90")
+
+
+def router_tuned(split_k: int = 3) -> Table:
+    """A tuned router table: (K=64, N=8) at M=2 goes to split-K (the default rule says dot)."""
+    key = ROUTER.Key("splitk", 0, 0, 0, split_k, 2, True)
+    return ROUTER.tuned_table(
+        ARCH, [(RouterProblem(2, 64, 8), key, {key.id: 3.0, "other": 4.5})],
+        {"source": "aot-tune", "gpu": "test GPU"},
+    )  # fmt: skip
+
+
+# -- the format ----------------------------------------------------------------------------------
+def test_digest_covers_what_dispatch_reads_and_not_the_provenance():
+    table = router_tuned()
+    same = Table(table.family, table.arch, json.loads(json.dumps(table.data)), {"source": "x"})
+    assert same == table and hash(same) == hash(table)
+    assert router_tuned(split_k=4) != table
+    assert ROUTER.default_table(ARCH) != table
+
+
+def test_tables_file_round_trip_and_refusals(tmp_path):
+    path = tmp_path / "tables.json"
+    tables = [router_tuned(), GEMM.default_table(ARCH)]
+    write_tables(path, tables)
+    assert read_tables(path) == tables
+    document = json.loads(path.read_text())
+    document["tables"][0]["data"]["rows"][0]["split_k"] = 7  # edited, digest kept
+    path.write_text(json.dumps(document))
+    with pytest.raises(TableError, match="does not match its data"):
+        read_tables(path)
+    path.write_text(json.dumps({"tables": [tables[0].record(), tables[0].record()]}))
+    with pytest.raises(TableError, match="two tables for router_gemm on sm_90a"):
+        read_tables(path)
+    path.write_text("[]")
+    with pytest.raises(TableError, match=r"expected \{\"tables\""):
+        read_tables(path)
+
+
+# -- tuned tables of both families ---------------------------------------------------------------
+def test_router_dispatch_follows_the_tuned_row_and_the_rule_elsewhere():
+    table = router_tuned()
+    tuned = ROUTER.dispatch(RouterProblem(2, 64, 8), ARCH, table)
+    assert (tuned.key.backend, tuned.key.split_k) == ("splitk", 3)
+    assert "table row (K=64, N=8, M in [2])" in tuned.reason and table.digest in tuned.reason
+    assert ROUTER.dispatch(RouterProblem(2, 64, 8), ARCH).key.backend == "dot"
+    elsewhere = ROUTER.dispatch(RouterProblem(3, 64, 8), ARCH, table)
+    assert elsewhere.key == ROUTER.dispatch(RouterProblem(3, 64, 8), ARCH).key
+
+
+def test_gemm_tuned_rows_serve_their_m_range():
+    wide = GEMM.dispatch(GemmProblem(200, 4096, 4096), ARCH).key
+    best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, 8, True, 8, True)
+    table = GEMM.tuned_table(
+        ARCH, [(GemmProblem(256, 4096, 4096), best, {best.id: 10.0, wide.id: 12.0})],
+        {"source": "aot-tune"},
+    )  # fmt: skip
+    (row,) = table.data["shape_rows"]
+    assert row["m"] == [129, 256] and row["runner_up_us"] == 12.0
+    for m in (129, 200, 256):
+        assert GEMM.dispatch(GemmProblem(m, 4096, 4096), ARCH, table).key == best
+    for m, n in ((128, 4096), (257, 4096), (200, 6144)):  # other bucket or shape: the rule
+        problem = GemmProblem(m, n, 4096)
+        assert GEMM.dispatch(problem, ARCH, table).key == GEMM.dispatch(problem, ARCH).key
+    assert (
+        "tuned row for N=4096 K=4096 M in [129, 256]"
+        in GEMM.dispatch(GemmProblem(200, 4096, 4096), ARCH, table).reason
+    )
+
+
+def test_keys_are_enumerated_with_the_table():
+    plain = set(ROUTER.enumerate_keys(ARCH, [(64, 8)]))
+    tuned = set(ROUTER.enumerate_keys(ARCH, [(64, 8)], router_tuned()))
+    assert tuned - plain == {ROUTER.Key("splitk", 0, 0, 0, 3, 2, True)}
+
+
+# -- build -> manifest -> runtime ----------------------------------------------------------------
+def _build(tmp_path: Path, name: str, tables: dict | None = None) -> Path:
+    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(64, 8)]},
+                     default_shapes=False, tables=tables or {})  # fmt: skip
+    outcome = run_build(plan, tmp_path / name, name=name, jobs=1, show_progress=False,
+                        worker=stub_compile)  # fmt: skip
+    (bundle,) = outcome.bundles
+    return bundle
+
+
+def test_a_bundle_records_the_table_it_was_built_with(tmp_path):
+    table = router_tuned()
+    tuned = read_manifest(_build(tmp_path, "tuned", {("router_gemm", ARCH): table}))
+    plain = read_manifest(_build(tmp_path, "plain"))
+    assert Table.from_record(tuned.families["router_gemm"]["table"], "m") == table
+    recorded = Table.from_record(plain.families["router_gemm"]["table"], "m")
+    assert recorded == ROUTER.default_table(ARCH)
+    assert recorded.provenance["source"].startswith("package defaults")
+    # what was built is what the table asks for: the tuned row's split-K key is in the bundle
+    assert ROUTER.Key("splitk", 0, 0, 0, 3, 2, True).id in {e.key_id for e in tuned.entries}
+
+
+def test_registry_dispatches_with_the_first_bundles_table_and_says_when_another_differs(
+    tmp_path, fresh_runtime
+):
+    first = _build(tmp_path, "first", {("router_gemm", ARCH): router_tuned(3)})
+    second = _build(tmp_path, "second", {("router_gemm", ARCH): router_tuned(4)})
+    REGISTRY.load(first, gpu_arch=ARCH)
+    assert REGISTRY.table("router_gemm", ARCH) == router_tuned(3)
+    with pytest.warns(RuntimeWarning, match=r"differs from that of .*first.*loaded first"):
+        REGISTRY.load(second, gpu_arch=ARCH)
+    assert REGISTRY.table("router_gemm", ARCH) == router_tuned(3)
+    REGISTRY.clear()
+    assert REGISTRY.table("router_gemm", ARCH) is None  # the package's own, again
+
+
+def _fake_bundle(key, function, table: Table) -> LoadedBundle:
+    entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
+    facts = {**family_facts(key.FAMILY), "table": table.record()}
+    manifest = Manifest("fake", ARCH, "1", "test", toolchain.fingerprint(), {key.FAMILY: facts},
+                        {}, {}, (entry,))  # fmt: skip
+    return LoadedBundle(Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function},
+                        {key.id: entry})  # fmt: skip
+
+
+def test_the_op_dispatches_with_the_serving_bundles_table(fresh_runtime, monkeypatch):
+    monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
+    monkeypatch.setattr(ops, "_check_placement", lambda name, arg, tensor: None)
+    op = ops.family_op("router_gemm")
+    calls = []
+    key = ROUTER.Key("splitk", 0, 0, 0, 3, 2, True)
+    REGISTRY.add(_fake_bundle(key, lambda x, w, out: calls.append("tuned split-K"), router_tuned()))
+    x, w = torch.ones(2, 64, dtype=torch.bfloat16), torch.ones(8, 64, dtype=torch.bfloat16)
+    op.call(x, w, out=torch.empty(2, 8))
+    assert calls == ["tuned split-K"]  # the default table would have asked for a dot key
+    op.table.clear()
+
+
+# -- aot-cache -----------------------------------------------------------------------------------
+def test_show_tables_diff_and_explain_name_the_table(tmp_path):
+    tuned = _build(tmp_path, "tuned", {("router_gemm", ARCH): router_tuned()})
+    plain = _build(tmp_path, "plain")
+    runner = CliRunner()
+    shown = runner.invoke(aot_cache, ["show", str(tuned), "--tables"])
+    assert shown.exit_code == 0, shown.output
+    assert "source: aot-tune" in shown.output and "gpu: test GPU" in shown.output
+    assert router_tuned().digest in shown.output
+
+    diff = runner.invoke(aot_cache, ["diff", str(plain), str(tuned), "--json"])
+    change = json.loads(diff.output)["tables"]["router_gemm"]
+    assert change["digest"] == [ROUTER.default_table(ARCH).digest, router_tuned().digest]
+    assert change["fields"]["rows"]["added"] == router_tuned().data["rows"]
+
+    explained = runner.invoke(aot_cache, ["explain", "router_gemm", "--shape", "2,64,8", "--arch",
+                                          ARCH, "--bundle", str(tuned), "--json"])  # fmt: skip
+    (decision,) = json.loads(explained.output)["decisions"]
+    assert decision["key"]["backend"] == "splitk" and decision["source"] == "bundle"
+    assert decision["table"]["provenance"]["gpu"] == "test GPU"
+    assert "table row (K=64, N=8, M in [2])" in decision["dispatch"]
