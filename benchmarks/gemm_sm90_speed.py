@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from cute_aot.aot.timing import operand_copies, seconds_per_call
+from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call
 
 
 def _operands(torch, dtype: str, m: int, n: int, k: int, copies: int):

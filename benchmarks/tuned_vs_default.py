@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from cute_aot.aot.timing import operand_copies, seconds_per_call
+from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call
 
 ROUNDS = 3
 
@@ -29,17 +29,19 @@ def _geomean(values):
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def compare(bundles: str, tables_path: str) -> dict:
+def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
     import torch
 
-    from cute_aot.aot.tune import tensors_for
     from cute_aot.kernels import family
     from cute_aot.kernels.tables import read_tables
     from cute_aot.runtime import REGISTRY, load_bundles
+    from cute_aot.runtime.tuning.cli import tensors_for
 
     load_bundles(bundles)
     report = {"gpu": torch.cuda.get_device_name(), "rounds": ROUNDS, "families": {}}
     for tuned in read_tables(tables_path):
+        if only and tuned.family not in only:
+            continue
         found, arch = family(tuned.family), tuned.arch
         default = found.default_table(arch)
         rows = []
@@ -96,9 +98,10 @@ def compare(bundles: str, tables_path: str) -> dict:
 @click.command()
 @click.option("--bundles", default="bundles", show_default=True)
 @click.option("--tables", "tables_path", required=True, type=click.Path(exists=True))
+@click.option("--family", "only", multiple=True, help="Only these families (default: every table).")
 @click.option("--out", "out_path", default="benchmarks/results/tuned_vs_default.json")
-def main(bundles, tables_path, out_path):
-    report = compare(bundles, tables_path)
+def main(bundles, tables_path, only, out_path):
+    report = compare(bundles, tables_path, only)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps(report, indent=1))
     for name, found in report["families"].items():

@@ -14,6 +14,7 @@ Files (`aot-build --tables`, `aot-tune --out`) hold ``{"tables": [record, ...]}`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -115,6 +116,19 @@ def write_tables(path: str | Path, tables: list[Table]) -> None:
 
     document = {"tables": [table.record() for table in tables]}
     atomic_write(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
+
+
+@functools.cache
+def packaged_tables(package: str) -> dict[tuple[str, str], Table]:
+    """(family, arch) -> the tuned tables a family package ships in its `tables.json` (written
+    by aot-tune, committed where they won); {} when it ships none."""
+    from importlib import resources
+
+    resource = resources.files(package).joinpath("tables.json")
+    if not resource.is_file():
+        return {}
+    with resources.as_file(resource) as path:
+        return {(table.family, table.arch): table for table in read_tables(path)}
 
 
 def row_ranges(values: list[int]) -> list[list[int]]:

@@ -334,13 +334,19 @@ def test_explain_finds_the_bundle_entry_for_each_shape(bundles, problem):
 
 
 def test_explain_uses_the_tuned_table_and_says_so():
-    # sm90 table: (K=4096, N=256) at M=5 -> split_k 8, 2 stages
-    [decision] = run_json("explain", "router_gemm", "--shape", "5,4096,256", "--arch", "sm_90a")[
+    # sm100 table (tuned.json): (K=4096, N=256) at M=8 -> split_k 8, 5 stages
+    [decision] = run_json("explain", "router_gemm", "--shape", "8,4096,256", "--arch", "sm_100a")[
         "decisions"
     ]
-    assert decision["key"]["split_k"] == 8 and decision["key"]["num_stages"] == 2
-    assert "table row (K=4096, N=256, M in [5, 6, 7, 13, 16])" in decision["dispatch"]
+    assert decision["key"]["split_k"] == 8 and decision["key"]["num_stages"] == 5
+    assert "table row (K=4096, N=256, M in [5, 8])" in decision["dispatch"]
     assert "package defaults (router_gemm/tuned.json)" in decision["dispatch"]
+    # sm_90a: the table aot-tune measured on an H200, named with its provenance
+    [decision] = run_json("explain", "router_gemm", "--shape", "8,4096,256", "--arch", "sm_90a")[
+        "decisions"
+    ]
+    assert "table row (K=4096, N=256, M in [8])" in decision["dispatch"]
+    assert "aot-tune: NVIDIA H200" in decision["dispatch"]
 
 
 def test_explain_follows_the_miss_path(bundles, isolated):
@@ -535,6 +541,7 @@ def test_diff_reports_added_removed_and_changed_keys(bundles, tmp_path):
         "a": str(old),
         "b": str(old),
         "bundle": {},
+        "tables": {},
         "added": [],
         "removed": [],
         "changed": [],

@@ -3,8 +3,10 @@ import pytest
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.router_gemm import (
     DEFAULT_SHAPES,
+    default_table,
     dispatch,
     enumerate_keys,
+    handwritten_table,
     problems,
     tuned_tables,
 )
@@ -22,7 +24,7 @@ def test_small_m_or_short_k_goes_to_the_dot_product_kernel(arch):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_large_m_goes_to_split_k_with_symbolic_sizes(arch):
-    key = dispatch(5, 2048, 128, arch)
+    key = dispatch(5, 2048, 128, arch, table=handwritten_table(arch))
     assert key.backend == "splitk" and key.m == key.k == key.block_size == 0
     assert (key.split_k, key.num_stages) == (6, 4)  # default tactic off-table
 
@@ -52,12 +54,27 @@ def test_large_m_goes_to_split_k_with_symbolic_sizes(arch):
         ("sm_100a", 6, 4096, 256, ("splitk", 6, 4)),
     ],
 )
-def test_tuned_tables(arch, m, k, n, expected):
-    key = dispatch(m, k, n, arch)
+def test_handwritten_tables(arch, m, k, n, expected):
+    """tuned.json's rows (vLLM's tables, condensed), as they dispatch when given that table."""
+    key = dispatch(m, k, n, arch, table=handwritten_table(arch))
     if expected[0] == "dot":
         assert (key.backend, key.block_size) == expected
     else:
         assert (key.backend, key.split_k, key.num_stages) == expected
+
+
+def test_sm90a_dispatches_with_the_table_aot_tune_measured_on_an_h200():
+    table = default_table("sm_90a")
+    assert table.provenance["source"] == "aot-tune" and "H200" in table.provenance["gpu"]
+    assert default_table("sm_100a") == handwritten_table("sm_100a")  # never tuned: no GPU here
+    for row in table.data["rows"]:
+        key = dispatch(row["m"][0], row["k"], row["n"], "sm_90a")
+        assert key.backend == row["backend"]
+        if key.backend == "dot":
+            assert key.block_size == row["block_size"]
+        else:
+            assert (key.split_k, key.num_stages) == (row["split_k"], row["num_stages"])
+        assert row["us"] <= (row["runner_up_us"] or row["us"])  # the winner was the fastest
 
 
 def test_pdl_follows_the_table_defaults():

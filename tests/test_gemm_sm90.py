@@ -23,6 +23,7 @@ from cute_aot.kernels.gemm_sm90 import (
     GemmSm90Key,
     family,
     fp8_family,
+    handwritten_table,
     stages_for,
 )
 
@@ -95,24 +96,51 @@ def test_every_default_shape_and_bucket_dispatches(fam):
             assert key.dtype == fam.dtype and key.has_bias == problem.has_bias
 
 
+HANDWRITTEN = handwritten_table("gemm_sm90", ARCH)
+
+
 def test_tactic_follows_m():
+    """The hand-written rule (what shapes without a tuned row get)."""
+
     def key(m, n=4096):
-        return family.dispatch(GemmProblem(m, n, 4096), ARCH).key
+        return family.dispatch(GemmProblem(m, n, 4096), ARCH, HANDWRITTEN).key
 
     assert (key(1).tile_m, key(1).tile_n, key(64).tile_m) == (64, 128, 64)
     assert (key(65).tile_m, key(256).tile_n, key(256).cluster_m) == (128, 128, 1)
     big = key(4096)
     assert (big.tile_m, big.tile_n, big.cluster_m, big.cluster_n) == (128, 256, 2, 1)
     assert big.stages == stages_for(BF16_DTYPE, 128, 256) == 4
-    narrow = family.dispatch(GemmProblem(4096, 1024, 4096), ARCH)
+    narrow = family.dispatch(GemmProblem(4096, 1024, 4096), ARCH, HANDWRITTEN)
     assert narrow.key.tile_n == 128 and "narrows tile_n to 128" in narrow.reason
 
 
 def test_enumeration_is_small_and_covers_dispatch():
+    """Sizes are symbolic: a bundle holds tactics, not shapes (at most 2 per tuned tactic)."""
     keys = family.enumerate_keys(ARCH)
-    assert 2 <= len(keys) <= 12
+    tactics = {dataclasses.replace(key, has_bias=True) for key in keys}
+    assert (
+        len(keys)
+        <= 2 * len(tactics)
+        <= 2 * len(family.tune_candidates(GemmProblem(1, 8, 16), ARCH))
+    )
     asked = {family.dispatch(p, ARCH).key for s in DEFAULT_SHAPES for p in family.problems(s)}
     assert asked == set(keys)
+    assert 2 <= len(family.enumerate_keys(ARCH, table=HANDWRITTEN)) <= 12
+
+
+def test_the_default_table_is_the_one_aot_tune_measured():
+    for fam in (family, fp8_family):
+        table = fam.default_table(ARCH)
+        assert table.provenance["source"] == "aot-tune" and "H200" in table.provenance["gpu"]
+        rows = table.data["shape_rows"]
+        assert {(r["n"], r["k"]) for r in rows} <= set(DEFAULT_SHAPES)
+        for row in rows:  # each row serves its M range with the tactic that won
+            for m in {row["m"][0], row["m"][1] or row["m"][0]}:
+                key = fam.dispatch(GemmProblem(m, row["n"], row["k"], fam.dtype), ARCH).key
+                assert (key.tile_m, key.tile_n, key.cluster_m, key.cluster_n, key.raster_m) == (
+                    row["tile_m"], row["tile_n"], row["cluster_m"], row["cluster_n"],
+                    row["raster_m"],
+                )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifacts", "kernels", "aot", "runtime")  # folder == cute_aot subpackage name
 TOOLING = "cute_aot.runtime.aot_cache"
+TUNING = "cute_aot.runtime.tuning"  # aot-tune: operator tooling too, run on GPU machines
 # The one runtime module that may reach the build, lazily: it compiles and publishes on a miss.
 JIT_MODULE = "cute_aot.runtime.jit"
 
@@ -142,7 +143,9 @@ def test_the_build_never_imports_the_runtime():
 
 
 def _server_module(module: str) -> bool:
-    return within(module, "cute_aot.runtime") and not within(module, TOOLING)
+    return within(module, "cute_aot.runtime") and not (
+        within(module, TOOLING) or within(module, TUNING)
+    )
 
 
 def test_the_server_runtime_does_not_import_the_build_at_module_level():
@@ -155,7 +158,7 @@ def test_the_server_runtime_does_not_import_the_build_at_module_level():
 
 
 def test_the_server_runtime_never_imports_the_operator_tooling():
-    bad = offending(_server_module, (TOOLING,))
+    bad = offending(_server_module, (TOOLING, TUNING))
     assert not bad, "aot-cache lives apart from what a server imports:\n" + "\n".join(bad)
 
 
@@ -202,6 +205,10 @@ GROUPS = {
         lambda m: within(m, TOOLING),
         ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot", "cute_aot.runtime"),
     ),
+    "runtime.tuning": (
+        lambda m: within(m, TUNING),
+        ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot", "cute_aot.runtime"),
+    ),
 }
 
 
@@ -223,6 +230,6 @@ def test_each_package_imports_cleanly_in_a_fresh_interpreter(group):
         name
         for name in loaded
         if not any(within(name, package) for package in allowed)
-        or (group == "runtime (server)" and within(name, TOOLING))
+        or (group == "runtime (server)" and (within(name, TOOLING) or within(name, TUNING)))
     ]
     assert not pulled_in, f"importing {group} loaded {pulled_in}"

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
 from cute_aot.kernels.keys import KernelKey
-from cute_aot.kernels.tables import Table
+from cute_aot.kernels.tables import Table, packaged_tables
 
 FAMILY = "gemm_sm90"
 FP8_FAMILY = "gemm_sm90_fp8"
@@ -162,7 +162,7 @@ def check_problem(problem: GemmProblem, family: str) -> None:
         )
 
 
-def default_table(arch: str) -> Table | None:
+def handwritten_table(family: str, arch: str) -> Table | None:
     """The hand-written rule as a table: TACTICS rows, no per-shape rows."""
     if arch not in ARCHS:
         return None
@@ -172,7 +172,13 @@ def default_table(arch: str) -> Table | None:
         "raster_m": RASTER_M,
         "shape_rows": [],  # aot-tune's per-(N, K, M range) winners, checked first
     }
-    return Table(FAMILY, arch, data, {"source": "package defaults (hand-written)"})
+    return Table(family, arch, data, {"source": "package defaults (hand-written)"})
+
+
+def default_table(family: str, arch: str) -> Table | None:
+    """The table this package dispatches with: the tuned one it ships (tables.json, from
+    aot-tune on an H200) where there is one, else the hand-written rule."""
+    return packaged_tables(__name__).get((family, arch)) or handwritten_table(family, arch)
 
 
 def _shape_row(data: dict, m: int, n: int, k: int) -> dict | None:
@@ -214,7 +220,7 @@ def dispatch_problem(
     check_problem(problem, family)
     if arch not in ARCHS:
         raise UnsupportedProblemError(f"{family}: built for {', '.join(ARCHS)} only, not {arch}")
-    table = table or default_table(arch)
+    table = table or default_table(family, arch)
     m, n, k, dtype, has_bias = problem
     tactic, stages, raster_m, why = choose(m, n, k, dtype, table)
     aligned_n = n % OUT_VECTOR == 0
@@ -237,7 +243,7 @@ def dispatch_problem(
 def tuned_table(family: str, arch: str, winners: list, provenance: dict) -> Table:
     """The default rule plus one row per measured (N, K, M bucket): the fastest correct tactic,
     its time and the runner-up's. A bucket's row serves the M range up to its M."""
-    data = dict(default_table(arch).data)
+    data = dict(handwritten_table(family, arch).data)
     rows = []
     for problem, key, timings in sorted(winners, key=lambda w: (w[0].n, w[0].k, w[0].m)):
         m, n, k = problem.m, problem.n, problem.k
@@ -367,8 +373,7 @@ class GemmSm90Family(KernelFamily):
         return dispatch_problem(problem, arch, self.name, table)
 
     def default_table(self, arch: str) -> Table | None:
-        table = default_table(arch)
-        return None if table is None else Table(self.name, arch, table.data, table.provenance)
+        return default_table(self.name, arch)
 
     def tune_problems(self, shape) -> Iterator[GemmProblem]:
         """One problem per M bucket, with bias: the tactic does not depend on it."""

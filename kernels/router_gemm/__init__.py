@@ -19,7 +19,7 @@ from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_family, normalize_arch
 from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
 from cute_aot.kernels.keys import KernelKey
-from cute_aot.kernels.tables import Table
+from cute_aot.kernels.tables import Table, packaged_tables
 
 FAMILY = "router_gemm"
 # Bump when a kernel's code generation changes in a way the other key fields do not capture.
@@ -83,6 +83,12 @@ def check_problem(m: int, k: int, n: int, x_dtype: str = X_DTYPE, w_dtype: str =
 
 
 def default_table(arch: str) -> Table:
+    """The table this package dispatches with on `arch`: the one aot-tune measured (tables.json)
+    where it ships one, else tuned.json's section for the architecture family."""
+    return packaged_tables(__name__).get((FAMILY, normalize_arch(arch))) or handwritten_table(arch)
+
+
+def handwritten_table(arch: str) -> Table:
     """tuned.json for `arch`'s architecture family, as one table: the default rule and rows that
     override it for one (K, N) and listed M, each naming its backend."""
     tables = tuned_tables()
@@ -200,7 +206,7 @@ def tune_candidates(m: int, k: int, n: int, arch: str) -> list[RouterGemmKey]:
 
 def tuned_table(arch: str, winners: list, provenance: dict) -> Table:
     """The default rule plus one row per measured (K, N, M): the fastest correct kernel."""
-    base = default_table(arch)
+    base = handwritten_table(arch)
     rows = []
     for problem, key, timings in sorted(winners, key=lambda w: (w[0].k, w[0].n, w[0].m)):
         ranked = sorted(timings.values())

@@ -1,7 +1,7 @@
 """`aot-tune`: time every candidate tactic of a family on this GPU, keep the fastest correct one
 per problem, and write the winners as a dispatch table (kernels/tables.py) with its provenance.
 
-    aot-tune --family gemm_sm90 --bundles bundles --out tables.json
+    aot-tune --family FAMILY --bundles bundles --out tables.json
     aot-build --arch sm90a --tables tables.json        # bundles that carry and use the table
 
 Candidates come from bundles built with `aot-build --all-tactics` (no compiler needed here) or,
@@ -9,7 +9,7 @@ for keys no bundle holds, from JIT (cutlass-dsl installed). Each candidate is ch
 the family's torch reference before it may win. Measurements go to a results file (JSON lines)
 as they are made, so an interrupted run resumes where it stopped.
 
-The timing (cute_aot/aot/timing.py) replays CUDA graphs of many calls, operands cycled out of
+The timing (runtime/tuning/timing.py) replays CUDA graphs of many calls, operands cycled out of
 L2. Kernels that use PDL keep it on: consecutive calls in the graph overlap as they do in a
 model's forward pass, which is what the tactic is chosen for.
 """
@@ -28,12 +28,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cute_aot.aot import models as model_shapes
-from cute_aot.aot.timing import operand_copies, seconds_per_call
 from cute_aot.artifacts import PACKAGE_VERSION
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.kernels import KernelFamily, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.tables import Table, read_tables, write_tables
+from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call
 
 RELATIVE_TOLERANCE = 0.02  # of the reference's largest magnitude: catches wrong kernels, not ulps
 
