@@ -185,3 +185,26 @@ def test_show_tables_diff_and_explain_name_the_table(tmp_path):
     assert decision["key"]["backend"] == "splitk" and decision["source"] == "bundle"
     assert decision["table"]["provenance"]["gpu"] == "test GPU"
     assert "table row (K=64, N=8, M in [2])" in decision["dispatch"]
+
+
+# -- aot-tune on a machine without a GPU ---------------------------------------------------------
+def test_aot_tune_needs_the_gpu_it_tunes_for(tmp_path):
+    from cute_aot.runtime.tuning.cli import main as aot_tune
+
+    result = CliRunner().invoke(aot_tune, ["--family", "router_gemm", "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2 and "no supported GPU here" in result.output
+    assert not (tmp_path / "t").exists()
+
+
+def test_aot_tune_resumes_from_its_results_file(tmp_path):
+    from rich.console import Console
+
+    from cute_aot.runtime.tuning.cli import Tuner
+
+    results = tmp_path / "t.results.jsonl"
+    row = {"family": "router_gemm", "arch": ARCH, "problem": [2, 64, 8, "bfloat16", "bfloat16"],
+           "key_id": "k1", "us": 3.0, "ok": True}  # fmt: skip
+    other = {**row, "family": "gemm_sm90", "key_id": "k2"}
+    results.write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n" + '{"family": "rou')
+    tuner = Tuner(ROUTER, ARCH, results, Console(file=None))
+    assert tuner.done == {(json.dumps(row["problem"]), "k1"): row}  # a cut-off line is skipped

@@ -2,12 +2,12 @@
 
     out[M, N] bf16 = x[M, K] @ w[N, K]^T (+ bias[N]), K-major operands, fp32 accumulation, sm_90a.
 
-NOT REGISTERED YET: this family has no entry point in pyproject.toml because its kernel has only
-been cross-compiled on CPU (SASS inspected), never run on a GPU. The next session verifies it on
-an H200 against `reference` and then adds
-``gemm_sm90 = "cute_aot.kernels.gemm_sm90:family"`` (and ``gemm_sm90_fp8``) to the
-``cute_aot.families`` entry points. Until then, use the objects directly:
-``from cute_aot.kernels.gemm_sm90 import family``.
+Registered under the `cute_aot.families` entry points as ``gemm_sm90`` and ``gemm_sm90_fp8``
+(pyproject.toml), exactly as another project's family would be.
+
+Dispatch reads a table (kernels/tables.py): the hand-written rule (TACTICS below: the tile and
+cluster shape by M, narrower tiles for small N) plus per-(N, K, M range) rows measured by
+`aot-tune` on an H200, shipped in tables.json; bundles record the table they were built with.
 
 Two families share one kernel (kernel.py) because their exported functions' ABIs differ:
 

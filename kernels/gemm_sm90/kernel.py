@@ -43,6 +43,11 @@ Design (what a reviewer can check against the code below)
   padded by 8 elements so a warp's writes hit 32 distinct banks) and written back as 16-byte
   row segments, whole rows per warp, predicated on m < M and n < N.  Any other N stores each
   element from registers (2-byte stores under the same predicates).
+* fp8 accumulates in the wgmma accumulators with no periodic promotion to a second fp32 set (as
+  torch._scaled_mm with use_fast_accum=True). Hopper's fp8 tensor-core accumulation keeps about
+  14 bits, so the error grows with K: at M=16384, N=8192, K=28672 every tactic missed aot-tune's
+  check (2% of the largest output) on random normal inputs; tile 128 x 256 has no registers
+  left for a second accumulator set.
 * PDL (pdl=True): every thread executes griddepcontrol.wait after the pipeline's barriers are
   initialised and before the first global read of x / w / bias / scales and before any write of
   out; consumers execute griddepcontrol.launch_dependents after their last wgmma retired (before
