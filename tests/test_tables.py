@@ -208,3 +208,19 @@ def test_aot_tune_resumes_from_its_results_file(tmp_path):
     results.write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n" + '{"family": "rou')
     tuner = Tuner(ROUTER, ARCH, results, Console(file=None))
     assert tuner.done == {(json.dumps(row["problem"]), "k1"): row}  # a cut-off line is skipped
+
+
+def test_shards_carry_the_table_into_the_merged_bundles(tmp_path):
+    from cute_aot.aot.build import merge
+    from cute_aot.aot.shard import Shard
+
+    tables = {("router_gemm", ARCH): router_tuned()}
+    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(64, 8)]},
+                     default_shapes=False, tables=tables)  # fmt: skip
+    for index in range(2):
+        run_build(plan, tmp_path / "shards", name="t", jobs=1, show_progress=False,
+                  worker=stub_compile, shard=Shard(index, 2))  # fmt: skip
+    (bundle,) = merge([tmp_path / "shards"], tmp_path / "out").bundles
+    recorded = read_manifest(bundle).families["router_gemm"]["table"]
+    assert Table.from_record(recorded, "m") == router_tuned()
+    assert bundle.read_bytes() == _build(tmp_path, "t", tables).read_bytes()  # as unsharded
