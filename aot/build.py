@@ -142,16 +142,20 @@ def run_build(
     show_progress: bool = True,
     worker: Worker = compile_to_object,
     tables: BuildTables | None = None,
+    record_tables: bool = True,
 ) -> BuildOutcome:
     """Build every planned key (or one shard's slice of them) into out_dir.
+
+    `tables`: the dispatch tables the plan's keys were enumerated with (default: those of a
+    BuildPlan, else the packages' own); each bundle records them, unless not `record_tables`.
 
     A failed key never stops the others; its architecture gets no bundle unless allow_failures,
     in which case the bundle holds the keys that compiled. A shard writes its objects and rows
     to `out_dir/<name>.shard-<i>-of-<n>/` for `merge` instead of bundles.
     """
     started = time.perf_counter()
-    if tables is None and isinstance(plan, BuildPlan):
-        tables = plan.tables
+    if tables is None:
+        tables = plan.tables if isinstance(plan, BuildPlan) else {}
     plan_keys = keys_by_arch(plan)
     out_dir = Path(out_dir)
     todo = [(arch, key) for arch, keys in plan_keys.items() for key in keys]
@@ -161,12 +165,16 @@ def run_build(
         rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress, worker)
         outcome = BuildOutcome(name, [rows[(arch, key.symbol)] for arch, key in todo], jobs=jobs)
         if shard:
-            write_shard_file(folder, shard, name, bundle_version, plan_keys, outcome.rows, tables)
+            write_shard_file(
+                folder, shard, name, bundle_version, plan_keys, outcome.rows,
+                tables if record_tables else None,
+            )  # fmt: skip
             outcome.shard_folder = out_dir / shard.folder_name(name)
         else:
             outcome.bundles, outcome.incomplete = write_bundles(
-                plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures, tables
-            )
+                plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures,
+                tables if record_tables else None, record_tables,
+            )  # fmt: skip
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -193,6 +201,7 @@ def merge(
         cache,
         allow_failures,
         merged.tables,
+        merged.record_tables,
     )
     return BuildOutcome(
         merged.name, rows, bundles, incomplete, seconds=time.perf_counter() - started
@@ -321,6 +330,7 @@ def write_bundles(
     cache: BuildCache | None,
     allow_failures: bool,
     tables: BuildTables | None = None,
+    record_tables: bool = True,
 ) -> tuple[list[Path], dict[str, int]]:
     """One bundle per architecture whose keys all compiled (or, allowing failures, any did)."""
     paths, incomplete = [], {}
@@ -331,18 +341,22 @@ def write_bundles(
             if not allow_failures or not good:
                 continue
         objects = {key: rows[(arch, key.symbol)] for key in good}
-        paths.append(_write_bundle(arch, objects, out_dir, name, bundle_version, cache, tables))
+        paths.append(
+            _write_bundle(
+                arch, objects, out_dir, name, bundle_version, cache, tables, record_tables
+            )
+        )
     return paths, incomplete
 
 
-def _write_bundle(arch, objects, out_dir, name, bundle_version, cache, tables) -> Path:
+def _write_bundle(arch, objects, out_dir, name, bundle_version, cache, tables, record) -> Path:
     ordered = [objects[key] for key in sorted(objects, key=lambda key: key.symbol)]
-    records = table_records({key.FAMILY for key in objects}, arch, tables)
+    records = table_records({key.FAMILY for key in objects}, arch, tables) if record else {}
     digest = cache.bundle_digest(name, arch, bundle_version, ordered, records) if cache else None
     data = cache.fetch_bundle(digest) if cache else None
     if data is None:
         try:
-            _, data = pack_bundle(name, arch, objects, bundle_version, tables=tables)
+            _, data = pack_bundle(name, arch, objects, bundle_version, tables=records)
         except BuildError as exc:
             raise BuildError(f"bundle {name!r} for {arch}: {exc}") from None
         if cache:

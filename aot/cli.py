@@ -496,6 +496,10 @@ def main(
     try:
         bundle_signer = output.bundle_signer()  # read first: a bad key fails before compiling
         cache = output.cache()
+        # The tables keys were enumerated with, recorded in the bundles; keys from a miss log
+        # were asked for with whatever table those servers had, so such bundles record none
+        # (and never decide a server's dispatch table).
+        tables: dict | None = None
         if misses_file:
             plan = keys_by_arch(plan_from_misses(misses_file, archs, families, console))
         else:
@@ -505,6 +509,7 @@ def main(
             build_plan.all_tactics = all_tactics
             if tables_file:
                 build_plan.tables = _read_build_tables(console, tables_file, build_plan)
+            tables = build_plan.tables
             plan = keys_by_arch(build_plan)
             _say_archs_without_keys(console, build_plan.archs, plan)
         _announce(console, plan, shard, cache)
@@ -520,6 +525,8 @@ def main(
                 allow_failures=output.allow_failures,
                 shard=shard,
                 show_progress=not output.quiet,
+                tables=tables,
+                record_tables=not misses_file,
                 **kwargs,
             )
 

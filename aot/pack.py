@@ -32,12 +32,12 @@ def pack_bundle(
     objects: dict,
     bundle_version: str = PACKAGE_VERSION,
     sign: Callable[[Manifest], Manifest] | None = None,
-    tables: BuildTables | None = None,
+    tables: dict[str, dict] | None = None,
 ) -> tuple[Manifest, bytes]:
     """objects: key -> {"object": path, "sha256": str, "size": int}. Returns (manifest, bytes).
     `sign`: signs the finished manifest (the JIT overlay signs its entries with a local key).
-    `tables`: the dispatch tables the keys were enumerated with, by (family, arch); each family
-    that reads a table records it (that one, or the package's default) next to its facts.
+    `tables`: family -> record of the dispatch table the keys were enumerated with (see
+    table_records), recorded next to the family's facts; None: the packages' own.
 
     Keys are linked in symbol order, so the same objects always give the same bytes.
     """
@@ -59,7 +59,8 @@ def pack_bundle(
         for key in keys
     )
     families = {name_: family_facts(name_) for name_ in sorted({key.FAMILY for key in keys})}
-    for name_, record in table_records(families, arch, tables).items():
+    records = table_records(families, arch, None) if tables is None else tables
+    for name_, record in records.items():
         families[name_]["table"] = record
     manifest = Manifest(
         name=name,

@@ -105,7 +105,10 @@ def write_shard_file(
         "toolchain": toolchain.fingerprint(),
         "families": families_record(keys_by_arch),
         "rows": portable_rows,
-        "tables": [table.record() for _, table in sorted((tables or {}).items())],
+        # None: the bundles record no table (a build from a miss log)
+        "tables": None
+        if tables is None
+        else [table.record() for _, table in sorted(tables.items())],
     }
     return atomic_write(
         folder / SHARD_FILE, json.dumps(document, indent=1, sort_keys=True).encode()
@@ -120,6 +123,7 @@ class MergeInput:
     rows: dict[tuple[str, str], dict]  # (arch, symbol) -> row with an absolute object path
     folders: list[Path]
     tables: dict = dataclasses.field(default_factory=dict)  # (family, arch) -> Table
+    record_tables: bool = True
 
 
 def find_shard_files(paths: list[Path]) -> list[Path]:
@@ -168,12 +172,13 @@ def load_shards(paths: list[Path]) -> MergeInput:
     keys_by_arch = _plan_keys(first_folder, first)
     rows = _collect_rows(documents, keys_by_arch)
     tables = {}
-    for record in first.get("tables", []):
+    for record in first.get("tables") or []:
         table = Table.from_record(record, str(first_folder / SHARD_FILE))
         tables[(table.family, table.arch)] = table
     return MergeInput(
         first["name"], first["bundle_version"], keys_by_arch, rows, [f for f, _ in documents],
         tables,
+        first.get("tables") is not None,
     )  # fmt: skip
 
 

@@ -224,3 +224,43 @@ def test_shards_carry_the_table_into_the_merged_bundles(tmp_path):
     recorded = read_manifest(bundle).families["router_gemm"]["table"]
     assert Table.from_record(recorded, "m") == router_tuned()
     assert bundle.read_bytes() == _build(tmp_path, "t", tables).read_bytes()  # as unsharded
+
+
+def _cli_build(monkeypatch, tmp_path, *args) -> Path:
+    """`aot-build ARGS` with stub kernels (the real plan, link, pack and manifest)."""
+    import functools
+
+    from cute_aot.aot import build as build_module
+    from cute_aot.aot.cli import main as aot_build
+
+    stub_run = functools.partial(build_module.run_build, worker=stub_compile)
+    monkeypatch.setattr("cute_aot.aot.cli.run_build", stub_run)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(aot_build, [*args, "--arch", ARCH, "--families", "router_gemm",
+                                            "--out", str(out), "--no-cache", "--quiet"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out / f"default-{ARCH}.cuteaot"
+
+
+def test_aot_build_tables_option_records_the_table_it_enumerated_with(monkeypatch, tmp_path):
+    path = tmp_path / "tables.json"
+    write_tables(path, [router_tuned()])
+    args = ("--no-default-shapes", "--shape", "64,8")
+    manifest = read_manifest(_cli_build(monkeypatch, tmp_path, "--tables", str(path), *args))
+    assert Table.from_record(manifest.families["router_gemm"]["table"], "m") == router_tuned()
+    assert ROUTER.Key("splitk", 0, 0, 0, 3, 2, True).id in {e.key_id for e in manifest.entries}
+    plain = read_manifest(_cli_build(monkeypatch, tmp_path / "plain", *args))
+    recorded = Table.from_record(plain.families["router_gemm"]["table"], "m")
+    assert recorded == ROUTER.default_table(ARCH)
+
+
+def test_a_build_from_a_miss_log_records_no_table(monkeypatch, tmp_path):
+    """Missed keys were asked for with whatever table those servers had: such a bundle must not
+    decide a server's table (the first bundle that carries one does)."""
+    key = ROUTER.Key("splitk", 0, 0, 0, 3, 2, True)
+    log = tmp_path / "misses.jsonl"
+    log.write_text(json.dumps({"family": "router_gemm", "arch": ARCH, "key": key.fields(),
+                               "key_id": key.id, "problem": {}}) + "\n")  # fmt: skip
+    manifest = read_manifest(_cli_build(monkeypatch, tmp_path, "--from-misses", str(log)))
+    assert [e.key_id for e in manifest.entries] == [key.id]
+    assert "table" not in manifest.families["router_gemm"]
