@@ -37,9 +37,11 @@ class Table:
     data: dict[str, Any]
     provenance: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
-        """Identity of what dispatch reads (family, arch, data): 16 hex digits."""
+        """Identity of what dispatch reads (family, arch, data): 16 hex digits. Computed once: a
+        table is a value (its data is never changed after it is made), and dispatch caches hash
+        it on every call."""
         text = _canonical({"family": self.family, "arch": self.arch, "data": self.data})
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

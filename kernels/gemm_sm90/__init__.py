@@ -162,6 +162,7 @@ def check_problem(problem: GemmProblem, family: str) -> None:
         )
 
 
+@functools.cache
 def handwritten_table(family: str, arch: str) -> Table | None:
     """The hand-written rule as a table: TACTICS rows, no per-shape rows."""
     if arch not in ARCHS:

@@ -88,6 +88,7 @@ def default_table(arch: str) -> Table:
     return packaged_tables(__name__).get((FAMILY, normalize_arch(arch))) or handwritten_table(arch)
 
 
+@functools.cache
 def handwritten_table(arch: str) -> Table:
     """tuned.json for `arch`'s architecture family, as one table: the default rule and rows that
     override it for one (K, N) and listed M, each naming its backend."""
