@@ -9,6 +9,7 @@ never loads a library and needs no GPU.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 
@@ -44,9 +45,8 @@ def explain(
             "source": "error",
             "why": why,
         }
-    table, table_path = (
-        (None, None) if mode is Mode.JIT else _bundle_table(family, arch, mode, bundles)
-    )
+    judge = _judge(bundles, family.name, arch, mode)
+    table, table_path = (None, None) if mode is Mode.JIT else _bundle_table(family, bundles, judge)
     dispatch = dispatch_with(family, problem, arch, table)
     key = dispatch.key
     decision = _decision(arch, key, dispatch.reason)
@@ -59,7 +59,7 @@ def explain(
     if mode is Mode.JIT:
         why = "mode jit compiles every kernel in the process; bundles and the overlay are ignored"
         return {**decision, "source": "jit", "why": why}
-    found, searched = _search_bundles(family.name, key, arch, mode, bundles, decision["notes"])
+    found, searched = _search_bundles(key, arch, bundles, judge, decision["notes"])
     if searched:
         where = f"searched {searched} usable {arch} bundle(s)"
         missing = f"none of the {searched} usable {arch} bundle(s) holds the key"
@@ -116,12 +116,26 @@ def _decision(arch: str, key: KernelKey | None, reason: str) -> dict:
     }
 
 
+def _judge(bundles: list[BundleSource], family_name: str, arch: str, mode: Mode):
+    """index -> (usable, why not or None): whether the runtime would use bundle `index` for
+    `family_name` on `arch`, judged once (the table and the key search both ask)."""
+
+    @functools.cache
+    def judge(index: int) -> tuple[bool, str | None]:
+        path, from_folder, manifest = bundles[index]
+        notes: list[str] = []
+        usable = _usable(path, from_folder, manifest, family_name, arch, mode, notes)
+        return usable, (notes[0] if notes else None)
+
+    return judge
+
+
 def _bundle_table(
-    family: KernelFamily, arch: str, mode: Mode, bundles: list[BundleSource]
+    family: KernelFamily, bundles: list[BundleSource], judge
 ) -> tuple[Table | None, Path | None]:
     """The table a server would dispatch with: that of the first usable bundle carrying one."""
-    for path, from_folder, manifest in bundles:
-        if _usable(path, from_folder, manifest, family.name, arch, mode, notes=[]):
+    for index, (path, _, manifest) in enumerate(bundles):
+        if judge(index)[0]:
             record = manifest.families.get(family.name, {}).get("table")
             if record is not None:
                 try:
@@ -165,20 +179,18 @@ def _usable(path, from_folder, manifest, family_name, arch, mode, notes) -> bool
 
 
 def _search_bundles(
-    family_name: str,
-    key: KernelKey,
-    arch: str,
-    mode: Mode,
-    bundles: list[BundleSource],
-    notes: list[str],
+    key: KernelKey, arch: str, bundles: list[BundleSource], judge, notes: list[str]
 ) -> tuple[tuple[Path, Entry] | None, int]:
     """The runtime's bundle search: ((path, entry) of the first usable bundle holding the key,
     or None; how many usable bundles were searched). Why others were passed over goes to notes."""
     searched = 0
-    for path, from_folder, manifest in bundles:
+    for index, (path, _, manifest) in enumerate(bundles):
         if not isinstance(manifest, str) and manifest.arch == arch:
             searched += 1  # the runtime's count: bundles of this architecture
-        if not _usable(path, from_folder, manifest, family_name, arch, mode, notes):
+        usable, why_not = judge(index)
+        if why_not:
+            notes.append(why_not)
+        if not usable:
             continue
         entry = manifest.entry_by_id().get(key.id)
         if entry is not None:
