@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call
+from cute_aot.runtime.tuning.timing import seconds_per_call
 
 ROUNDS = 3
 
@@ -35,7 +35,7 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
     from cute_aot.kernels import family
     from cute_aot.kernels.tables import read_tables
     from cute_aot.runtime import REGISTRY, load_bundles
-    from cute_aot.runtime.tuning.cli import tensors_for
+    from cute_aot.runtime.tuning.cli import operand_sets
 
     load_bundles(bundles)
     report = {"gpu": torch.cuda.get_device_name(), "rounds": ROUNDS, "families": {}}
@@ -53,13 +53,7 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
                 if keys[0] == keys[1]:
                     rows.append({**row, "same_key": True, "speedup": 1.0})
                     continue
-                inputs = tensors_for(found, problem, 0)
-                size = sum(t.numel() * t.element_size() for t in inputs if t is not None)
-                sets = [inputs] + [
-                    tensors_for(found, problem, s) for s in range(1, operand_copies(size))
-                ]
-                out = torch.empty(tuple(found.output_shape(problem)), device="cuda",
-                                  dtype=getattr(torch, found.output.dtype))  # fmt: skip
+                sets, out = operand_sets(found, problem)
                 calls = [found.bind(REGISTRY.resolve(key, arch, {}), problem) for key in keys]
                 times = [[], []]
                 for _ in range(ROUNDS):
@@ -71,7 +65,7 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
                 rows.append({**row, "same_key": False, "default_us": times[0],
                              "tuned_us": times[1], "speedup": speedup, "noise": noise,
                              "slower_beyond_noise": speedup < 1 / (1 + noise)})  # fmt: skip
-                del sets, inputs, out
+                del sets, out
                 torch.cuda.empty_cache()
                 print(f"{found.name} {problem} x{speedup:.3f} (noise {noise:.3f})", flush=True)
         per_shape = {}

@@ -55,6 +55,19 @@ def tensors_for(found: KernelFamily, problem, seed: int):
     return tuple(inputs)
 
 
+def operand_sets(found: KernelFamily, problem) -> tuple[list[tuple], object]:
+    """Copies of a problem's random inputs, enough to cycle out of L2, and an output tensor."""
+    import torch
+
+    first = tensors_for(found, problem, seed=0)
+    size = sum(t.numel() * t.element_size() for t in first if t is not None)
+    sets = [first] + [tensors_for(found, problem, seed) for seed in range(1, operand_copies(size))]
+    out = torch.empty(
+        tuple(found.output_shape(problem)), dtype=getattr(torch, found.output.dtype), device="cuda"
+    )
+    return sets, out
+
+
 def is_close(out, reference) -> bool:
     scale = float(reference.float().abs().max()) or 1.0
     error = float((out.float() - reference.float()).abs().max())
@@ -116,19 +129,8 @@ class Tuner:
         return rows
 
     def _operands(self, problem):
-        import torch
-
-        inputs = tensors_for(self.family, problem, seed=0)
-        reference = self.family.reference(*inputs)
-        size = sum(t.numel() * t.element_size() for t in inputs if t is not None)
-        copies = operand_copies(size)
-        sets = [inputs] + [tensors_for(self.family, problem, seed) for seed in range(1, copies)]
-        out = torch.empty(
-            tuple(self.family.output_shape(problem)),
-            dtype=getattr(torch, self.family.output.dtype),
-            device="cuda",
-        )
-        return inputs, reference, sets, out
+        sets, out = operand_sets(self.family, problem)
+        return sets[0], self.family.reference(*sets[0]), sets, out
 
     def _measure_one(self, key, problem, inputs, reference, sets, out) -> dict:
         row = {"family": self.family.name, "arch": self.arch, "problem": list(problem),
