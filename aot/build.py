@@ -41,6 +41,12 @@ from cute_aot.kernels.contract import Shape
 __all__ = ["BuildOutcome", "BuildPlan", "build", "default_jobs", "merge", "run_build"]
 
 
+def buildable_families() -> list[str]:
+    """Installed families whose required distributions are installed (FlashInfer's kernels are
+    built where flashinfer-python is)."""
+    return [name for name, found in families().items() if found.missing_requirements() is None]
+
+
 @dataclass
 class BuildPlan:
     """Which keys of which families to build for which architectures.
@@ -50,7 +56,8 @@ class BuildPlan:
     """
 
     archs: list[str]
-    families: list[str] = field(default_factory=lambda: list(families()))  # default: all installed
+    # default: every installed family that can be built here (its required distributions are)
+    families: list[str] = field(default_factory=lambda: buildable_families())
     extra_shapes: dict[str, list[Shape]] = field(default_factory=dict)  # family -> shapes
     default_shapes: bool = True
     all_tactics: bool = False  # also every tuning candidate of the shapes (for aot-tune)

@@ -29,6 +29,7 @@ from cute_aot.aot import reproducible
 from cute_aot.aot.build import (
     BuildOutcome,
     BuildPlan,
+    buildable_families,
     describe_failures,
     keys_by_arch,
     merge,
@@ -131,6 +132,9 @@ def _parse_families(ctx, param, values) -> list[str]:
         raise click.BadParameter(
             f"unknown {', '.join(unknown)}; installed: {', '.join(families()) or 'none'}"
         )
+    missing = [families()[name].missing_requirements() for name in names]
+    if any(missing):
+        raise click.BadParameter("; ".join(why for why in missing if why))
     return list(dict.fromkeys(names))
 
 
@@ -434,7 +438,8 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     cls=FamiliesHelpOption,
     help_text=lambda: (
         "Kernel families, repeatable or comma-separated "
-        f"(default: every installed one: {','.join(families()) or 'none'})."
+        f"(default: every installed one that can be built here: "
+        f"{','.join(buildable_families()) or 'none'})."
     ),
 )
 @click.option("--name", default="default", show_default=True, help="Bundle name.")
@@ -603,9 +608,18 @@ def _select_families(
             f"(--families {','.join(named)})"
         )
     explicit = set(named) | set(shapes)
-    skips = BuildPlan(archs, named or list(families())).skipped_archs()
+    for name in explicit:
+        why = family(name).missing_requirements()
+        if why:
+            raise click.UsageError(why)
+    if not named:
+        for name, found in families().items():
+            if found.missing_requirements():
+                console.print(f"family {name}: skipped ({found.missing_requirements()})")
+    named = named or buildable_families()
+    skips = BuildPlan(archs, named).skipped_archs()
     selected = []
-    for name in named or list(families()):
+    for name in named:
         supports, skipped = family(name).archs, skips.get(name, [])
         if len(skipped) < len(archs):
             selected.append(name)

@@ -17,16 +17,19 @@ from importlib import metadata
 from pathlib import Path
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
-from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg
+from cute_aot.kernels.contract import Dispatch, KernelFamily, Patch, TensorArg, ValueArg
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Dispatch",
     "KernelFamily",
+    "Patch",
     "TensorArg",
+    "ValueArg",
     "families",
     "family",
     "family_facts",
+    "foreign_facts",
     "forget_families",
     "source_hash",
 ]
@@ -86,6 +89,7 @@ def forget_families() -> None:
     with _lock:
         _families = None
     source_hash.cache_clear()
+    foreign_facts.cache_clear()
 
 
 def family(name: str) -> KernelFamily:
@@ -174,4 +178,30 @@ def _imports(module: str, root: str) -> list[str]:
 def family_facts(name: str) -> dict:
     """What a bundle records about a family it holds, and what staleness compares at load."""
     found = family(name)
-    return {"version": found.version, "source_hash": source_hash(name), "abi": found.abi_record()}
+    facts = {"version": found.version, "source_hash": source_hash(name), "abi": found.abi_record()}
+    if found.requires:
+        facts["foreign"] = foreign_facts(name)
+    return facts
+
+
+@functools.cache
+def foreign_facts(name: str) -> dict[str, dict[str, str | None]]:
+    """{distribution: {version, source_hash}} of the other distributions a family's kernels come
+    from (its `requires`); the hash covers the files named in its `foreign_sources`. Read from
+    the installed files, never imported (importing FlashInfer imports cutlass)."""
+    found = family(name)
+    facts = {}
+    for distribution in found.requires:
+        try:
+            installed = metadata.distribution(distribution)
+        except metadata.PackageNotFoundError:
+            facts[distribution] = {"version": None, "source_hash": None}
+            continue
+        digest = hashlib.sha256()
+        for owner, relative in found.foreign_sources:
+            if owner == distribution:
+                path = Path(str(installed.locate_file(relative)))
+                data = path.read_bytes() if path.is_file() else b"<absent>"
+                digest.update(relative.encode() + b"\0" + data + b"\0")
+        facts[distribution] = {"version": installed.version, "source_hash": digest.hexdigest()}
+    return facts

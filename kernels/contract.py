@@ -33,13 +33,23 @@ What a family declares:
     bind(function, problem)   what the op calls (optional inputs: a stand-in for None)
     reference(*inputs)  a torch implementation: tests and the torch fallback of mode auto
     builder             module with `compile(key, arch)`, imported only by builds and JIT
+
+Families whose kernels serve another library's public function (FlashInfer's CuTe DSL kernels)
+declare that instead of an op:
+
+    serves              the library function they serve, e.g. "flashinfer.mm_mxfp8"; such a
+                        family has no cute-aot op, and `patches(serving)` says where the library
+                        looks its compiled kernels up (cute_aot.runtime.serving applies them)
+    requires            the other distributions their code comes from, pinned exactly; their
+    foreign_sources     versions and these files' hash are staleness facts of every bundle
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from typing import Any, ClassVar
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
@@ -80,6 +90,31 @@ class TensorArg:
 
 
 @dataclass(frozen=True)
+class ValueArg:
+    """A non-tensor argument of an exported function: an integer, a device pointer or a CUDA
+    stream (what a foreign library's launcher passes besides tensors)."""
+
+    name: str
+    kind: str  # "int64" | "pointer" | "stream"
+
+    def describe(self) -> str:
+        return f"in {self.name}: {self.kind}"
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One attribute of another library that a family replaces to serve prebuilt kernels:
+    `replace(original)` returns the replacement, which must fall back to `original` on a miss."""
+
+    owner: Any  # a module or class
+    attribute: str
+    replace: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
 class Dispatch:
     """A dispatch decision: the key, and why in words (what `aot-cache explain` prints)."""
 
@@ -94,13 +129,17 @@ class KernelFamily:
     version: ClassVar[int]
     Key: ClassVar[type[KernelKey]]
     archs: ClassVar[tuple[str, ...]]
-    abi: ClassVar[tuple[TensorArg, ...]]
+    abi: ClassVar[tuple[TensorArg | ValueArg, ...]]
     builder: ClassVar[str]  # "package.module" defining compile(key, arch)
     default_shapes: ClassVar[tuple[Shape, ...]] = ()
     # How a shape is written on the command line (`aot-build --shape FAMILY:K,N`), for help texts.
     shape_syntax: ClassVar[str] = ""
     # The one family that `--shape DIMS` without a `FAMILY:` prefix means (older command lines).
     unprefixed_shapes: ClassVar[bool] = False
+    # Families serving another library's function instead of an op (see the module docstring).
+    serves: ClassVar[str | None] = None
+    requires: ClassVar[dict[str, str]] = {}  # distribution -> the exact version built against
+    foreign_sources: ClassVar[tuple[tuple[str, str], ...]] = ()  # (distribution, file in it)
 
     # -- problems --------------------------------------------------------------------------------
     def problem(self, *inputs) -> Problem:
@@ -149,11 +188,11 @@ class KernelFamily:
     # -- derived ---------------------------------------------------------------------------------
     @property
     def inputs(self) -> tuple[TensorArg, ...]:
-        return tuple(arg for arg in self.abi if not arg.output)
+        return tuple(arg for arg in self.abi if isinstance(arg, TensorArg) and not arg.output)
 
     @property
     def output(self) -> TensorArg:
-        (out,) = [arg for arg in self.abi if arg.output]
+        (out,) = [arg for arg in self.abi if isinstance(arg, TensorArg) and arg.output]
         return out
 
     def abi_record(self) -> list[dict]:
@@ -168,6 +207,25 @@ class KernelFamily:
 
     def supports(self, arch: str) -> bool:
         return arch in self.archs
+
+    def missing_requirements(self) -> str | None:
+        """Why this family cannot be built or served in this environment (a distribution it
+        requires is absent or at another version); None when it can."""
+        for distribution, version in self.requires.items():
+            try:
+                installed = metadata.version(distribution)
+            except metadata.PackageNotFoundError:
+                return f"{self.name} needs {distribution}=={version}, which is not installed"
+            if installed != version:
+                return f"{self.name} is built against {distribution}=={version}, not {installed}"
+        return None
+
+    def patches(self, serving) -> list[Patch]:
+        """Where the served library looks up its compiled kernels (families with `serves`).
+        `serving.function(key, arch, problem)` gives the prebuilt function of a key, or None
+        where the library should compile as before (mode auto records the miss; mode aot
+        raises instead)."""
+        raise NotImplementedError(f"{self.name} serves no other library")
 
     def enumerate_keys(
         self, arch: str, shapes: Sequence[Shape] | None = None, table: Table | None = None

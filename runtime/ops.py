@@ -272,7 +272,13 @@ _ops_lock = threading.Lock()
 
 @functools.cache
 def _op(name: str) -> FamilyOp:
-    return FamilyOp(family(name))
+    found = family(name)
+    if found.serves is not None:
+        raise UnsupportedProblemError(
+            f"{name} has no cute-aot op: its kernels serve {found.serves} (see "
+            "cute_aot.runtime.serving.install, or cute_aot.runtime.flashinfer.install)"
+        )
+    return FamilyOp(found)
 
 
 def op(name: str) -> Callable:

@@ -54,6 +54,8 @@ def stale_reasons(manifest: Manifest) -> dict[str, str]:
             reasons[name] = "exported function ABI differs from the installed family's"
         elif facts.get("source_hash") != expected["source_hash"]:
             reasons[name] = "kernel source hash differs from the installed package"
+        elif facts.get("foreign") != expected.get("foreign"):
+            reasons[name] = _foreign_difference(facts.get("foreign") or {}, expected["foreign"])
         elif installed_dsl and not toolchain.same_cutlass_dsl(
             manifest.toolchain.get("cutlass_dsl") or {}, installed_dsl
         ):
@@ -61,6 +63,22 @@ def stale_reasons(manifest: Manifest) -> dict[str, str]:
                 f"built with {manifest.toolchain.get('cutlass_dsl')}, installed {installed_dsl}"
             )
     return reasons
+
+
+def _foreign_difference(built: dict, installed: dict) -> str:
+    """Why a family's foreign facts differ: the first distribution that does, in words."""
+    for distribution, here in installed.items():
+        there = built.get(distribution) or {}
+        if here.get("version") is None:
+            return f"{distribution} is not installed here (built against {there.get('version')})"
+        if there.get("version") != here.get("version"):
+            return (
+                f"built against {distribution} {there.get('version')}, installed {here['version']}"
+            )
+        if there.get("source_hash") != here.get("source_hash"):
+            return (f"{distribution} {here['version']}: its kernel sources differ from the "
+                    "ones built against (a patched or reinstalled copy)")  # fmt: skip
+    return "built against other distributions: " + ", ".join(sorted(built))
 
 
 class Registry:
@@ -242,16 +260,7 @@ class Registry:
             if function is not None:
                 return function
             if mode is Mode.AOT:
-                searched = [str(b.path) for b in self.bundles if b.arch == arch]
-                stale = "; ".join(self.stale.get((arch, key.FAMILY), []))
-                raise KernelNotFoundError(
-                    key.FAMILY,
-                    key.id,
-                    arch,
-                    searched,
-                    detail=f"{key.describe()}; mode aot"
-                    + (f"; stale bundles: {stale}" if stale else ""),
-                )
+                raise self.not_found(key, arch)
             function = self.overlay_function(key, arch)
             if function is not None:
                 return function
@@ -272,6 +281,18 @@ class Registry:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
         return jit.compiled_function(key, arch, publish=False)
+
+    def not_found(self, key, arch: str) -> KernelNotFoundError:
+        """Mode aot's error for a key no loaded bundle holds: what was searched, what was stale."""
+        searched = [str(b.path) for b in self.bundles if b.arch == arch]
+        stale = "; ".join(self.stale.get((arch, key.FAMILY), []))
+        return KernelNotFoundError(
+            key.FAMILY,
+            key.id,
+            arch,
+            searched,
+            detail=f"{key.describe()}; mode aot" + (f"; stale bundles: {stale}" if stale else ""),
+        )
 
     def clear(self) -> None:
         with self._lock:

@@ -101,7 +101,7 @@ def test_help_lists_the_main_options():
 def test_help_lists_the_installed_families_and_their_shape_syntax(toy):
     output = flat(CliRunner().invoke(main, ["--help"]).output)
     assert "router_gemm:K,N (or plain K,N), toy:R,C" in output
-    assert "every installed one: router_gemm,toy" in output
+    assert "every installed one that can be built here: router_gemm,toy" in output
 
 
 # -- --shape -------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ def _field_strategy(kind):
         return st.booleans()
     if kind is int:
         return st.integers(-4, 1 << 20)
+    if kind is float:  # exact values (an attention scale): every bit is part of the id
+        return st.floats(min_value=1e-6, max_value=16.0, allow_nan=False)
     if kind is str:
         return st.sampled_from(["dot", "splitk", "bfloat16", "float16", "float32", ""]) | st.text(
             max_size=6

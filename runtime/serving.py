@@ -1,0 +1,121 @@
+"""Serving another library's public functions from bundles: families with `serves` (FlashInfer's
+CuTe DSL kernels) patch the places where that library looks its compiled kernels up.
+
+The library keeps its own API, checks and launch code; only the lookup of a compiled function
+changes. On a hit it gets the bundle's function; on a miss mode auto lets the library compile as
+before (said once, recorded in the miss log for the next build), mode aot raises, mode jit never
+looks at bundles.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.kernels import KernelFamily, Patch, families
+from cute_aot.runtime.misses import record_miss
+from cute_aot.runtime.mode import Mode, current_mode
+from cute_aot.runtime.notices import warn_once
+from cute_aot.runtime.registry import REGISTRY
+
+__all__ = ["Serving", "install", "installed", "uninstall"]
+
+
+class Serving:
+    """What a family's patches ask of cute-aot: the prebuilt function of a key, by mode."""
+
+    def __init__(self, kernel_family: KernelFamily):
+        self.family = kernel_family
+        self.hits = 0  # lookups served from a bundle (tests and benchmarks read them)
+        self.misses = 0
+
+    def function(self, key, arch: str, problem: dict | None = None) -> Callable | None:
+        """The bundle's function for `key` on `arch`, or None where the library should compile
+        it itself (mode auto: a miss, said once and recorded; mode jit). Mode aot raises
+        KernelNotFoundError on a miss."""
+        mode = current_mode()
+        if mode is Mode.JIT:
+            return None
+        function = REGISTRY.bundle_function(key.FAMILY, key.id, arch)
+        if function is not None:
+            self.hits += 1
+            return function
+        if mode is Mode.AOT:
+            raise REGISTRY.not_found(key, arch)
+        self.misses += 1
+        warn_once(
+            ("foreign-miss", arch, key.id),
+            f"no prebuilt {key.FAMILY} kernel for {problem or key.describe()} on {arch} (key "
+            f"{key.id}); {self.family.serves} compiles it itself; recording the miss",
+        )
+        record_miss(key, arch, problem or {})
+        return None
+
+
+_lock = threading.Lock()
+# family name -> (its Serving, [(owner, attribute, original)]) for what is patched now
+_installed: dict[str, tuple[Serving, list[tuple[object, str, object]]]] = {}
+
+
+def install(wanted: Iterable[str] | None = None, *, library: str | None = None) -> dict[str, str]:
+    """Patch the libraries served by the installed families (those named in `wanted`, or those
+    serving `library`, or all). Returns {family: "installed"} or {family: why not}; a family
+    whose library cannot be patched (another version, a changed function) is left out with one
+    warning, and the library then compiles as before."""
+    outcome = {}
+    with _lock:
+        for name, found in families().items():
+            if found.serves is None or (wanted is not None and name not in wanted):
+                continue
+            if library is not None and found.serves.split(".")[0] != library:
+                continue
+            if name in _installed:
+                outcome[name] = "installed"
+                continue
+            why = found.missing_requirements()
+            if why is None:
+                serving = Serving(found)
+                try:
+                    patches = found.patches(serving)
+                    _installed[name] = (serving, _apply(patches))
+                    outcome[name] = "installed"
+                    continue
+                except (CuteAotError, ImportError, AttributeError, TypeError) as exc:
+                    why = f"{found.serves} cannot be patched: {type(exc).__name__}: {exc}"
+            outcome[name] = why
+            warn_once(("serving-off", name), f"cute-aot: {name} serves no prebuilt kernels ({why})")
+    return outcome
+
+
+def _apply(patches: list[Patch]) -> list[tuple[object, str, object]]:
+    """Replace every attribute, or none (a failure undoes the ones already replaced)."""
+    done = []
+    try:
+        for patch in patches:
+            original = getattr(patch.owner, patch.attribute)
+            setattr(patch.owner, patch.attribute, patch.replace(original))
+            done.append((patch.owner, patch.attribute, original))
+    except BaseException:
+        _undo(done)
+        raise
+    return done
+
+
+def _undo(done: list[tuple[object, str, object]]) -> None:
+    for owner, attribute, original in reversed(done):
+        setattr(owner, attribute, original)
+
+
+def uninstall(wanted: Iterable[str] | None = None) -> None:
+    """Put the originals back (tests; a server never needs it)."""
+    with _lock:
+        for name in list(_installed):
+            if wanted is None or name in wanted:
+                _undo(_installed.pop(name)[1])
+
+
+def installed(name: str) -> Serving | None:
+    """The Serving of an installed family (its hit and miss counts), None when not installed."""
+    found = _installed.get(name)
+    return found[0] if found else None
