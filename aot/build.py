@@ -61,6 +61,8 @@ class BuildPlan:
     extra_shapes: dict[str, list[Shape]] = field(default_factory=dict)  # family -> shapes
     default_shapes: bool = True
     all_tactics: bool = False  # also every tuning candidate of the shapes (for aot-tune)
+    # Another library's saved autotuning results (aot-build --flashinfer-tuned): their keys too
+    tuning_caches: list[Path] = field(default_factory=list)
     tables: BuildTables = field(
         default_factory=dict
     )  # (family, arch) -> table (aot-build --tables)
@@ -100,6 +102,8 @@ class BuildPlan:
                     for problem in found.tune_problems(shape)
                     for key in found.tune_candidates(problem, arch)
                 ]
+            for path in self.tuning_caches:
+                keys += family(name).keys_from_tuning_cache(Path(path), arch)
         return keys
 
 

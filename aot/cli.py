@@ -414,6 +414,14 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     help="Also build every candidate tactic `aot-tune` would time for these shapes.",
 )
 @click.option(
+    "--flashinfer-tuned",
+    "tuning_caches",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Also build the tactics FlashInfer's autotuner chose, from its saved results "
+    "(`flashinfer.autotune(cache=FILE)`), for the families serving FlashInfer (repeatable).",
+)
+@click.option(
     "--model",
     "models",
     multiple=True,
@@ -478,6 +486,7 @@ def main(
     no_default_shapes,
     tables_file,
     all_tactics,
+    tuning_caches,
     models,
     model_configs,
     families,
@@ -512,6 +521,7 @@ def main(
                 console, archs, shapes, no_default_shapes, models, model_configs, families
             )
             build_plan.all_tactics = all_tactics
+            build_plan.tuning_caches = list(tuning_caches)
             if tables_file:
                 build_plan.tables = _read_build_tables(console, tables_file, build_plan)
             tables = build_plan.tables

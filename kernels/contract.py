@@ -50,6 +50,7 @@ import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, ClassVar
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
@@ -219,6 +220,12 @@ class KernelFamily:
             if installed != version:
                 return f"{self.name} is built against {distribution}=={version}, not {installed}"
         return None
+
+    def keys_from_tuning_cache(self, path: Path, arch: str) -> list[KernelKey]:
+        """The keys the served library's own autotuning chose, read from its saved results
+        (`aot-build --flashinfer-tuned FILE`: FlashInfer's `autotune(cache=FILE)` JSON); [] when
+        the file names nothing of this family."""
+        return []
 
     def patches(self, serving) -> list[Patch]:
         """Where the served library looks up its compiled kernels (families with `serves`).
