@@ -76,6 +76,14 @@ PRESETS: dict[str, Model] = {
             num_key_value_heads=8,
             intermediate_size=28672,
         ),
+        # the gated-delta-rule (linear attention) layers FlashInfer's GDN decode serves
+        _preset(
+            "qwen3-next-80b-a3b",
+            linear_num_key_heads=16,
+            linear_num_value_heads=32,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+        ),
         _preset(
             "qwen3-32b",
             hidden_size=5120,

@@ -84,7 +84,7 @@ def install(wanted: Iterable[str] | None = None, *, library: str | None = None) 
                 except (CuteAotError, ImportError, AttributeError, TypeError) as exc:
                     why = f"{found.serves} cannot be patched: {type(exc).__name__}: {exc}"
             outcome[name] = why
-            warn_once(("serving-off", name), f"cute-aot: {name} serves no prebuilt kernels ({why})")
+            warn_once(("serving-off", name), f"{name} serves no prebuilt kernels ({why})")
     return outcome
 
 

@@ -36,3 +36,26 @@ def gdn_decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale=None, use_q
     new_state = new_state + k[..., :, None] * delta[..., None, :]
     output = torch.einsum("bhk,bhkv->bhv", q, new_state)
     return output[:, None].to(torch.bfloat16), new_state
+
+
+def example_inputs(problem, device="cuda", seed: int = 0) -> dict:
+    """Random arguments of gated_delta_rule_decode for a GDN problem (GdnProblem fields), as a
+    model's decode step would pass them: unit-scale activations, a decaying state."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    batch, t, heads, value_heads, dim_k, dim_v = problem[:6]
+    dtypes = [getattr(torch, name) for name in problem[6]]
+    state_dtype, a_log_dtype, a_dtype, dt_bias_dtype, q_dtype, k_dtype, v_dtype, b_dtype, _ = dtypes
+
+    def randn(*shape, dtype):
+        return torch.randn(*shape, generator=generator, device=device).to(dtype)
+
+    return {
+        "q": randn(batch, t, heads, dim_k, dtype=q_dtype),
+        "k": randn(batch, t, heads, dim_k, dtype=k_dtype),
+        "v": randn(batch, t, value_heads, dim_v, dtype=v_dtype),
+        "state": randn(batch, value_heads, dim_k, dim_v, dtype=state_dtype) * 0.1,
+        "A_log": randn(value_heads, dtype=a_log_dtype) * 0.5,
+        "a": randn(batch, t, value_heads, dtype=a_dtype),
+        "dt_bias": randn(value_heads, dtype=dt_bias_dtype),
+        "b": randn(batch, t, value_heads, dtype=b_dtype),
+    }
