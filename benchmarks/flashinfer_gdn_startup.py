@@ -45,7 +45,7 @@ CHILD = textwrap.dedent(
     if sys.argv[1] == "bundle":
         from cute_aot.runtime import flashinfer as serve_flashinfer, load_bundles
         load_bundles(sys.argv[2])
-        assert serve_flashinfer.install() == {"flashinfer_gdn_decode": "installed"}
+        assert serve_flashinfer.install()["flashinfer_gdn_decode"] == "installed"
     for inputs in work:
         gated_delta_rule_decode(**inputs)
     torch.cuda.synchronize()
@@ -97,7 +97,9 @@ def main(bundles: str, trials: int, out: Path) -> None:
         "disk_cache": summary(disk),
         "bundle": summary(bundle),
     }
-    ready = {mode: results[mode]["median_ready_seconds"] for mode in ("jit", "disk_cache", "bundle")}
+    ready = {
+        mode: results[mode]["median_ready_seconds"] for mode in ("jit", "disk_cache", "bundle")
+    }
     results["speedup_vs_jit"] = ready["jit"] / ready["bundle"]
     results["speedup_vs_disk_cache"] = ready["disk_cache"] / ready["bundle"]
     out.parent.mkdir(parents=True, exist_ok=True)

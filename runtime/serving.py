@@ -30,6 +30,11 @@ class Serving:
         self.hits = 0  # lookups served from a bundle (tests and benchmarks read them)
         self.misses = 0
 
+    def on_change(self, forget: Callable[[], None]) -> None:
+        """Call `forget` whenever bundles are loaded or cleared or the mode changes: a family
+        that keeps its own table of resolved functions empties it then."""
+        REGISTRY.on_change(forget)
+
     def function(self, key, arch: str, problem: dict | None = None) -> Callable | None:
         """The bundle's function for `key` on `arch`, or None where the library should compile
         it itself (mode auto: a miss, said once and recorded; mode jit). Mode aot raises

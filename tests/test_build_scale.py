@@ -404,6 +404,7 @@ def test_presets_cover_the_reference_models_and_the_default_shapes():
         "llama-3-8b": [],  # dense models: no router
         "llama-3-70b": [],
         "qwen3-32b": [],
+        "qwen3-next-80b-a3b": [],  # its linear-attention layers: flashinfer_gdn_decode's
     }
     # The default shapes are the shapes of the models the default bundles serve.
     assert set(router.default_shapes) < {shape for found in shapes.values() for shape in found}

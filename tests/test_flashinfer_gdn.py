@@ -171,8 +171,9 @@ def test_the_public_function_calls_the_bundles_kernel(
         return kernel if key_id == expected.id else None
 
     monkeypatch.setattr(REGISTRY, "bundle_function", bundle_function)
-    assert serve_flashinfer.install() == {"flashinfer_gdn_decode": "installed"}
-    assert serve_flashinfer.install() == {"flashinfer_gdn_decode": "installed"}  # idempotent
+    gdn = ["flashinfer_gdn_decode"]
+    assert serve_flashinfer.install(gdn) == {"flashinfer_gdn_decode": "installed"}
+    assert serve_flashinfer.install(gdn) == {"flashinfer_gdn_decode": "installed"}  # idempotent
     inputs = call(problem)
     call(problem)  # the second call finds the kernel in FlashInfer's own cache entry
     assert lookups == [("flashinfer_gdn_decode", expected.id, "sm_90a")]
@@ -325,7 +326,7 @@ def test_a_built_bundle_serves_flashinfer_in_a_fresh_process_without_jit(tmp_pat
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith(("{", "["))]
-    assert lines[0] == {"flashinfer_gdn_decode": "installed"}
+    assert lines[0]["flashinfer_gdn_decode"] == "installed"
     for dispatched, (served, real_type, arguments) in lines[1:]:
         assert served == dispatched  # FlashInfer called the bundle's kernel of its own key
         assert (
