@@ -2,7 +2,8 @@
 
 The library needs only libtvm_ffi at load time: the CuTe DSL's static CUDA-dialect runtime and the
 static CUDA runtime are linked in, plus our definition of the single error helper that otherwise
-lives in the 43 MB libcute_dsl_runtime.so. Only the `__tvm_ffi_<symbol>` entry points are exported.
+lives in the 43 MB libcute_dsl_runtime.so, and the ops' C hit path (shape_dispatch.c). Only the
+`__tvm_ffi_<symbol>` entry points are exported.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def link_inputs() -> dict[str, Path]:
         "dialect_runtime": _dist_file(CUTLASS_CU13_LIBS, "libcuda_dialect_runtime_static.a"),
         "cuda_runtime": _dist_file("nvidia-cuda-runtime", "libcudart_static.a"),
         "tvm_ffi": _dist_file("apache-tvm-ffi", "libtvm_ffi.so"),
+        # tvm/ffi/c_api.h, for the ops' C hit path (shape_dispatch.c)
+        "tvm_ffi_c_api": _dist_file("apache-tvm-ffi", "c_api.h"),
     }
 
 
@@ -50,14 +53,17 @@ def link_library(objects: list[Path], output: Path) -> bytes:
     inputs = link_inputs()
     package = resources.files(__package__)
     with tempfile.TemporaryDirectory(prefix="cute-aot-link-") as scratch:
-        shim = Path(scratch) / "cute_dsl_shim.c"
-        shim.write_bytes(package.joinpath("cute_dsl_shim.c").read_bytes())
+        sources = []
+        for name in ("cute_dsl_shim.c", "shape_dispatch.c"):
+            sources.append(Path(scratch) / name)
+            sources[-1].write_bytes(package.joinpath(name).read_bytes())
         exports = Path(scratch) / "exports.map"
         exports.write_bytes(package.joinpath("exports.map").read_bytes())
         tmp_output = Path(scratch) / "library.so"
         command = [
             compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp_output),
-            *map(str, objects), str(shim),
+            f"-I{inputs['tvm_ffi_c_api'].parents[2]}",  # <include>/tvm/ffi/c_api.h
+            *map(str, objects), *map(str, sources),
             str(inputs["dialect_runtime"]), str(inputs["cuda_runtime"]),
             str(inputs["tvm_ffi"]),
             "-lpthread", "-ldl", "-lrt",

@@ -1,7 +1,9 @@
 """Per-call overhead on a hit: our op vs the bare TVM-FFI function vs torch F.linear (eager).
 
-The methods are timed in turns (op, bare, op, bare, ...) so that clock and cache drift land on
-all of them alike; each figure is the median of its turns.
+The methods are timed in short turns (op, bare, op, bare, ...) so that clock and cache drift land
+on all of them alike; each figure is the median of its turns, and the op's overhead is also given
+as the median of its per-turn ratios to the bare call (the host's speed drifts between modes
+within a run; a ratio of neighbours cancels it).
 
 python benchmarks/call_overhead.py --bundles bundles --out benchmarks/results/call_overhead.json
 """
@@ -28,14 +30,14 @@ def time_per_call_us(fn, calls: int) -> float:
 
 @click.command()
 @click.option("--bundles", default="bundles", show_default=True)
-@click.option("--calls", default=20000, show_default=True)
-@click.option("--turns", default=15, show_default=True)
+@click.option("--calls", default=5000, show_default=True)
+@click.option("--turns", default=61, show_default=True)
 @click.option(
     "--out", "out_path", default="benchmarks/results/call_overhead.json", show_default=True
 )
 def main(bundles, calls, turns, out_path):
     from cute_aot.kernels import family
-    from cute_aot.runtime import REGISTRY, load_bundles, op
+    from cute_aot.runtime import REGISTRY, load_bundles, op, ops
     from cute_aot.runtime.device import current_gpu_arch
 
     load_bundles(bundles)
@@ -61,6 +63,10 @@ def main(bundles, calls, turns, out_path):
             samples[name].append(time_per_call_us(fn, calls))
     results = {name: statistics.median(values) for name, values in samples.items()}
     results["op_over_direct"] = results["op_out"] / results["tvm_ffi_direct"]
+    results["op_over_direct_paired"] = statistics.median(
+        op / bare for op, bare in zip(samples["op_out"], samples["tvm_ffi_direct"], strict=True)
+    )
+    results["c_hit_path"] = ops.family_op("router_gemm").dispatcher is not None
     report = {
         "problem": [m, k, n],
         "calls_per_turn": calls,

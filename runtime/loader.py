@@ -85,6 +85,15 @@ class LoadedBundle:
     def arch(self) -> str:
         return self.manifest.arch
 
+    def shape_dispatcher(self, num_inputs: int) -> Callable | None:
+        """A new, empty C table from input shapes to kernels (aot/shape_dispatch.c: the ops'
+        hit path), or None for a library linked before it existed."""
+        try:
+            make = self.module["cute_aot_dispatch_new"]
+        except (AttributeError, KeyError, RuntimeError, ValueError):
+            return None
+        return make(num_inputs)
+
     def function(self, key_id: str) -> Callable:
         """The TVM-FFI function of a key (looked up by symbol on first use, then cached)."""
         function = self._functions.get(key_id)

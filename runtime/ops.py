@@ -47,8 +47,13 @@ class FamilyOp:
         self.table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
         self.device_table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
         self._per_device: bool | None = None  # decided at the first call: CUDA is in use then
+        # The C hit path (aot/shape_dispatch.c, in bundle libraries): a calls with `out=` whose
+        # input shapes it holds is one TVM-FFI call, no Python shape reads. Only for families
+        # whose kernels take the op's arguments as they are (no `bind` wrapper).
+        self.c_dispatch = type(kernel_family).bind is KernelFamily.bind
+        self.dispatcher: Callable | None = None
         REGISTRY.on_change(self.forget)
-        self.call = _hit_path(self)
+        self.call, self._set_dispatcher = _hit_path(self)
         _define_torch_op(self)
 
     # -- checked path ----------------------------------------------------------------------------
@@ -152,12 +157,33 @@ class FamilyOp:
     def remember(self, shapes, device: int, entry: tuple[Callable, tuple[int, ...]]) -> None:
         if self.per_device:
             self.device_table[(*shapes, device)] = entry
-        else:
-            self.table[tuple(shapes)] = entry
+            return
+        self.table[tuple(shapes)] = entry
+        if self.c_dispatch and _is_tvm_ffi_function(entry[0]):
+            dispatcher = self.dispatcher or self._new_dispatcher(device)
+            if dispatcher is not None:
+                dims = [
+                    d
+                    for shape in shapes
+                    for d in ((-1,) if shape is None else (len(shape), *shape))
+                ]
+                dispatcher(_PUT, entry[0], *dims)
+
+    def _new_dispatcher(self, device: int) -> Callable | None:
+        """A C table from the first loaded bundle of this GPU's architecture that links one."""
+        arch = device_arch(device)
+        for bundle in REGISTRY.bundles:
+            if bundle.arch == arch and (dispatcher := bundle.shape_dispatcher(len(self.inputs))):
+                self.dispatcher = dispatcher
+                self._set_dispatcher(dispatcher)
+                return dispatcher
+        return None
 
     def forget(self) -> None:
         self.table.clear()
         self.device_table.clear()
+        self.dispatcher = None
+        self._set_dispatcher(None)
 
     def reference_function(self) -> Callable:
         """The torch fallback, which checks its inputs on every call (no C checks guard it)."""
@@ -168,6 +194,11 @@ class FamilyOp:
             out.copy_(self.family.reference(*inputs))
 
         return reference
+
+
+def _is_tvm_ffi_function(function) -> bool:
+    """A kernel the C table can call (not the torch fallback, nor a JIT-compiled object)."""
+    return type(function).__module__.startswith("tvm_ffi") and type(function).__name__ == "Function"
 
 
 def _visible_archs() -> set[str | None]:
@@ -199,7 +230,8 @@ def _check_placement(name: str, arg: TensorArg, tensor: torch.Tensor) -> None:
 
 
 _HIT_PATH = """
-def {name}({args}, out=None):
+def make(dispatch):
+  def {name}({args}, out=None):
     if is_dynamo_compiling():
         # torch.compile sees the torch op (with its Meta kernel), not this Python. (A constant
         # False in eager; substituting the function for dynamo instead would import
@@ -207,6 +239,9 @@ def {name}({args}, out=None):
         result = torch_op({args})
         return result if out is None else out.copy_(result)
     try:
+        # The C table: the kernel of these input shapes, called; 1 when it holds none.
+        if out is not None and dispatch is not None and dispatch({args}, out) is None:
+            return out
         function, out_shape = table[({key})]
         if out is None:
             out = empty(out_shape, dtype=out_dtype, device={first}.device)
@@ -214,10 +249,19 @@ def {name}({args}, out=None):
         return out
     except Exception as exc:  # the checked path explains it, or resolves a new shape
         return checked(({args},), out, exc)
+
+  def set_dispatch(value):
+    nonlocal dispatch
+    dispatch = value
+
+  return {name}, set_dispatch
 """
 
 
-def _hit_path(op: FamilyOp) -> Callable:
+_PUT = 1  # shape_dispatch.c's control code
+
+
+def _hit_path(op: FamilyOp) -> tuple[Callable, Callable[[Callable | None], None]]:
     """The op's hit path, generated for the family's argument names (as dataclasses does): named
     parameters and a literal lookup key cost less than *args and a loop, and the hit path is
     what a server pays on every call."""
@@ -240,12 +284,12 @@ def _hit_path(op: FamilyOp) -> Callable:
         "checked": op.checked,
     }
     exec(compile(source, f"<cute_aot op {op.family.name}>", "exec"), scope)
-    function = scope[op.family.name]
+    function, set_dispatch = scope["make"](None)
     function.__doc__ = (
         f"{op.family.name}({', '.join(names)}, out=None) on the current torch stream of the "
         f"inputs' device.\n\n" + "\n".join(arg.describe() for arg in op.family.abi)
     )
-    return function
+    return function, set_dispatch
 
 
 # Each op is also a torch op, cute_aot::<family>, so torch.compile does not trace into the Python

@@ -1,0 +1,103 @@
+"""The ops' C hit path (aot/shape_dispatch.c, linked into every bundle library): a table from the
+input tensors' shapes to the kernel serving them, called in one TVM-FFI call. On the CPU, with a
+real library linked from stub objects; the kernels put into it are recorders.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import tvm_ffi
+
+from cute_aot.runtime import REGISTRY, ops
+from cute_aot.runtime.loader import open_bundle
+
+PUT, CLEAR, SIZE = 1, 2, 3
+MISS = 1
+
+
+@pytest.fixture
+def table(stub_bundles):
+    _, paths, _ = stub_bundles
+    bundle = open_bundle(next(p for p in paths if "sm_90a" in p.name), None)
+    return bundle, bundle.shape_dispatcher(2)
+
+
+def recorder(calls):
+    return tvm_ffi.convert(
+        lambda *args: calls.append([None if a is None else tuple(a.shape) for a in args])
+    )
+
+
+def test_the_table_calls_the_kernel_of_the_input_shapes_and_nothing_on_a_miss(table):
+    _, dispatch = table
+    x, w, out = torch.zeros(2, 64), torch.zeros(8, 64), torch.zeros(2, 8)
+    assert dispatch(x, w, out) == MISS and dispatch(SIZE) == 0
+    calls, others = [], []
+    assert dispatch(PUT, recorder(calls), 2, 2, 64, 2, 8, 64) == 1
+    assert dispatch(PUT, recorder(others), 2, 3, 64, 2, 8, 64) == 1
+    assert dispatch(x, w, out) is None
+    assert calls == [[(2, 64), (8, 64), (2, 8)]] and others == []  # every argument passed on
+    assert dispatch(torch.zeros(3, 64), w, out) is None and len(others) == 1
+    assert dispatch(torch.zeros(4, 64), w, out) == MISS  # M=4 was never put
+    assert dispatch(x, torch.zeros(8, 72), out) == MISS  # nor K=72
+    assert dispatch(x.view(1, 2, 64), w, out) == MISS  # rank is part of the key
+    assert dispatch(None, w, out) == MISS and dispatch("x", w, out) == MISS
+    assert dispatch(SIZE) == 2
+    assert dispatch(CLEAR) == 0 and dispatch(SIZE) == 0 and dispatch(x, w, out) == MISS
+    assert len(calls) == 1
+
+
+def test_a_put_replaces_the_kernel_of_its_shapes_and_none_is_a_key_of_its_own(table):
+    _, dispatch = table
+    first, second, optional = [], [], []
+    dispatch(PUT, recorder(first), 2, 2, 64, 2, 8, 64)
+    dispatch(PUT, recorder(second), 2, 2, 64, 2, 8, 64)
+    dispatch(PUT, recorder(optional), -1, 2, 8, 64)  # first input None
+    x, w, out = torch.zeros(2, 64), torch.zeros(8, 64), torch.zeros(2, 8)
+    assert dispatch(x, w, out) is None and (first, len(second)) == ([], 1)
+    assert dispatch(None, w, out) is None and len(optional) == 1
+    assert dispatch(SIZE) == 2
+
+
+def test_the_table_refuses_bad_control_calls_and_passes_kernel_errors_on(table):
+    _, dispatch = table
+    with pytest.raises(TypeError, match="TVM-FFI function"):
+        dispatch(PUT, 5, 2, 2, 64)
+    with pytest.raises(ValueError, match="control code"):
+        dispatch(9)
+
+    def refuses(*args):
+        raise ValueError("kernel refused")
+
+    dispatch(PUT, tvm_ffi.convert(refuses), 1, 2, 1, 3)
+    with pytest.raises(ValueError, match="kernel refused"):
+        dispatch(torch.zeros(2), torch.zeros(3), torch.zeros(1))
+
+
+def test_the_op_puts_its_resolutions_and_then_calls_through_the_table(
+    table, fresh_runtime, monkeypatch
+):
+    """A call with out= that the table holds never reaches the Python shape lookup."""
+    bundle, _ = table
+    monkeypatch.setattr(ops, "device_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(ops, "_check_placement", lambda name, arg, tensor: None)
+    REGISTRY.add(bundle)
+    op = ops.family_op("router_gemm")
+    assert op.c_dispatch and op.dispatcher is None
+    x, w = torch.zeros(2, 4096, dtype=torch.bfloat16), torch.zeros(256, 4096, dtype=torch.bfloat16)
+    out = torch.empty(2, 256)
+    assert op.call(x, w, out=out) is out  # resolved on the checked path (a stub kernel)
+    assert op.dispatcher is not None and op.dispatcher(SIZE) == 1
+    python_path = dict(op.table)
+    op.table.clear()  # the Python hit path now has nothing: only the C table can serve
+    monkeypatch.setattr(op, "resolve", lambda *a: pytest.fail("took the checked path"))
+    assert op.call(x, w, out=out) is out
+    op.table.update(python_path)
+    REGISTRY.clear()  # bundles changed: the table goes with every other resolution
+    assert op.dispatcher is None and op.table == {}
+
+
+def test_families_whose_kernels_need_a_bind_wrapper_keep_the_python_path():
+    assert not ops.family_op("gemm_sm90").c_dispatch  # bias None becomes another tensor
+    assert ops.family_op("router_gemm").c_dispatch
