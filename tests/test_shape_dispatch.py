@@ -101,3 +101,29 @@ def test_the_op_puts_its_resolutions_and_then_calls_through_the_table(
 def test_families_whose_kernels_need_a_bind_wrapper_keep_the_python_path():
     assert not ops.family_op("gemm_sm90").c_dispatch  # bias None becomes another tensor
     assert ops.family_op("router_gemm").c_dispatch
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_c_table_serves_the_router_and_matches_the_bare_kernel(fresh_runtime):
+    import os
+
+    from cute_aot.kernels import family
+    from cute_aot.runtime import load_bundles, op
+    from cute_aot.runtime.device import current_gpu_arch
+
+    if not os.environ.get("CUTE_AOT_BUNDLES"):
+        pytest.skip("needs CUTE_AOT_BUNDLES with the router's default keys")
+    load_bundles(*os.environ["CUTE_AOT_BUNDLES"].split(":"))
+    router, arch = family("router_gemm"), current_gpu_arch()
+    call, table = op("router_gemm"), ops.family_op("router_gemm")
+    for m in (1, 5, 16):
+        x = torch.randn(m, 7168, device="cuda").to(torch.bfloat16)
+        w = torch.randn(256, 7168, device="cuda").to(torch.bfloat16)
+        ours, bare = torch.empty(m, 256, device="cuda"), torch.empty(m, 256, device="cuda")
+        call(x, w, out=ours)  # resolves, puts
+        call(x, w, out=ours)  # through the C table
+        key = router.dispatch(router.parse_problem(f"{m},7168,256"), arch).key
+        REGISTRY.resolve(key, arch)(x, w, bare)
+        torch.cuda.synchronize()
+        assert torch.equal(ours, bare)
+    assert table.dispatcher is not None and table.dispatcher(SIZE) == 3
