@@ -70,7 +70,9 @@ def section() -> str:
             "**Per-call cost on a hit, H200, eager** — `benchmarks/results/call_overhead_h200.json`",
             "",
             f"op with `out=`: {us['op_out']:.2f} µs · bare TVM-FFI function: {us['tvm_ffi_direct']:.2f} µs "
-            f"({us['op_over_direct']:.2f}×) · op allocating its output: {us['op_alloc']:.2f} µs · "
+            f"({us['op_over_direct']:.2f}×; median per-turn ratio "
+            f"{us.get('op_over_direct_paired', us['op_over_direct']):.2f}×) · "
+            f"op allocating its output: {us['op_alloc']:.2f} µs · "
             f"torch `F.linear` bf16: {us['torch_linear_bf16']:.2f} µs",
             "",
         ]

@@ -5,6 +5,8 @@ real library linked from stub objects; the kernels put into it are recorders.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import tvm_ffi
@@ -14,6 +16,7 @@ from cute_aot.runtime.loader import open_bundle
 
 PUT, CLEAR, SIZE = 1, 2, 3
 MISS = 1
+BUNDLES = os.environ.get("CUTE_AOT_BUNDLES")  # read before fixtures isolate the environment
 
 
 @pytest.fixture
@@ -105,15 +108,13 @@ def test_families_whose_kernels_need_a_bind_wrapper_keep_the_python_path():
 
 @pytest.mark.gpu
 def test_on_the_gpu_the_c_table_serves_the_router_and_matches_the_bare_kernel(fresh_runtime):
-    import os
-
     from cute_aot.kernels import family
     from cute_aot.runtime import load_bundles, op
     from cute_aot.runtime.device import current_gpu_arch
 
-    if not os.environ.get("CUTE_AOT_BUNDLES"):
+    if not BUNDLES:
         pytest.skip("needs CUTE_AOT_BUNDLES with the router's default keys")
-    load_bundles(*os.environ["CUTE_AOT_BUNDLES"].split(":"))
+    load_bundles(*BUNDLES.split(":"))
     router, arch = family("router_gemm"), current_gpu_arch()
     call, table = op("router_gemm"), ops.family_op("router_gemm")
     for m in (1, 5, 16):
