@@ -309,9 +309,31 @@ def test_keys_from_flashinfers_autotuning_file_are_the_ones_it_then_asks_for(gpu
         (7, False, False), (7, True, False), (20, True, True)
     }  # fmt: skip
     assert family.keys_from_tuning_cache(path, "sm_103a") == []  # tuned on a (10, 0) GPU
+    assert _planned_keys(path, ["--families", "flashinfer_tgv_gemm", "--no-default-shapes"]) == {
+        "sm_100a": sorted(keys, key=lambda key: key.symbol),
+    }  # `aot-build --flashinfer-tuned FILE` builds exactly them
     empty = tmp_path / "other.json"
     empty.write_text(json.dumps({"_metadata": {}, "('x', 'CudnnRunner', (), ())": ["X", 0]}))
     assert family.keys_from_tuning_cache(empty, "sm_100a") == []
+
+
+def _planned_keys(tuning_file, options) -> dict:
+    """The keys `aot-build --arch sm100a --flashinfer-tuned FILE OPTIONS` would compile."""
+    from cute_aot.aot import cli
+
+    class Planned(Exception):
+        pass
+
+    def run_build(plan, *args, **kwargs):
+        raise Planned(plan)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "run_build", run_build)
+        result = CliRunner().invoke(
+            cli.main, ["--arch", "sm100a", "--flashinfer-tuned", str(tuning_file), *options]
+        )
+    assert isinstance(result.exception, Planned), result.output
+    return result.exception.args[0]
 
 
 # -- the placeholders we compile from are FlashInfer's compile tensors -------------------------
