@@ -333,3 +333,15 @@ def test_a_built_bundle_serves_flashinfer_in_a_fresh_process_without_jit(tmp_pat
             real_type == "Function" and arguments == 12
         )  # a TVM-FFI function, FlashInfer's 12 args
     assert len({line[0] for line in lines[1:]}) == 4
+
+
+def test_explain_says_flashinfer_compiles_what_no_bundle_holds():
+    from cute_aot.runtime.aot_cache.explain import explain
+    from cute_aot.runtime.mode import Mode
+
+    problem = GdnProblem(2, 1, 2, 4, 128, 128)
+    decision = explain(family, problem, "sm_90a", Mode.AUTO, [])
+    assert decision["source"] == "jit"
+    assert "gated_delta_rule_decode compiles it itself" in decision["why"]
+    assert "overlay" not in decision["why"]  # our JIT and overlay never serve these families
+    assert explain(family, problem, "sm_90a", Mode.AOT, [])["source"] == "error"

@@ -58,6 +58,8 @@ def explain(
         )
     if mode is Mode.JIT:
         why = "mode jit compiles every kernel in the process; bundles and the overlay are ignored"
+        if family.serves:
+            why = f"mode jit: bundles are ignored and {family.serves} compiles as it would alone"
         return {**decision, "source": "jit", "why": why}
     found, searched = _search_bundles(key, arch, bundles, judge, decision["notes"])
     if searched:
@@ -79,6 +81,12 @@ def explain(
             f"(aot-build --shape {shape}, or --from-misses with the miss log)"
         )
         return {**decision, "source": "error", "why": why}
+    if family.serves:  # its library compiles what no bundle holds; our overlay is not used
+        why = (
+            f"a miss: {missing}; {family.serves} compiles it itself as without cute-aot (a "
+            f"stall of seconds), and the miss is recorded in {misses.miss_log_path()}"
+        )
+        return {**decision, "source": "jit", "why": why}
     overlay_file = overlay.overlay_path(key, arch)
     if overlay_file.is_file():
         why = f"{missing}; an earlier JIT compile published it to the overlay cache"
