@@ -67,6 +67,8 @@ _loaded_lock = threading.Lock()
 # "1": verify every bundle's library in full on every load (audits; the cold-start benchmark's
 # "before"), instead of trusting the private copy verified when it was extracted.
 REVERIFY_ENV = "CUTE_AOT_REVERIFY"
+# The one exported function of a bundle library besides its kernels: the ops' C hit path.
+SHAPE_DISPATCH_FUNCTION = "cute_aot_dispatch_new"
 
 
 @dataclass
@@ -89,7 +91,7 @@ class LoadedBundle:
         """A new, empty C table from input shapes to kernels (aot/shape_dispatch.c: the ops'
         hit path), or None for a library linked before it existed."""
         try:
-            make = self.module["cute_aot_dispatch_new"]
+            make = self.module[SHAPE_DISPATCH_FUNCTION]
         except (AttributeError, KeyError, RuntimeError, ValueError):
             return None
         return make(num_inputs)

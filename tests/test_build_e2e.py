@@ -10,6 +10,7 @@ import pytest
 
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.kernels import source_hash
+from cute_aot.runtime.loader import SHAPE_DISPATCH_FUNCTION
 from tests.conftest import ARCHS, PROBLEMS
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,8 @@ def test_library_exports_only_the_kernel_entry_points(bundles, tmp_path):
         ["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True
     ).stdout.split()
     exported = sorted(s for s in symbols if s.startswith("__tvm_ffi_"))
-    assert exported == sorted(f"__tvm_ffi_{e.symbol}" for e in manifest.entries)
+    kernels = [f"__tvm_ffi_{e.symbol}" for e in manifest.entries]
+    assert exported == sorted([*kernels, f"__tvm_ffi_{SHAPE_DISPATCH_FUNCTION}"])
     needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True).stdout
     assert "libtvm_ffi.so" in needed
     assert "libcute_dsl_runtime" not in needed and "libcudart" not in needed
