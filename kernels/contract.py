@@ -42,6 +42,8 @@ declare that instead of an op:
                         looks its compiled kernels up (cute_aot.runtime.serving applies them)
     requires            the other distributions their code comes from, pinned exactly; their
     foreign_sources     versions and these files' hash are staleness facts of every bundle
+    keys_from_tuning_cache(path, arch)   the keys the library's saved autotuning chose
+                        (`aot-build --flashinfer-tuned FILE`)
 """
 
 from __future__ import annotations
