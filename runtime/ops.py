@@ -4,8 +4,10 @@
     gemm = op(FAMILY)                  # or `from cute_aot.runtime import <family name>`
     out = gemm(x, w)                   # arguments in the family's ABI order; or out=out
 
-The hit path is one dict lookup and the TVM-FFI call: the exported function checks dtypes,
-shapes, strides, alignment in C against what its kernel was built for. Anything unusual (the
+The hit path of a call with `out=` is one TVM-FFI call into the C table of the bundle library
+(aot/shape_dispatch.c), which finds the kernel of the input shapes and calls it; otherwise one
+dict lookup on the input shapes, then the kernel. The exported kernel checks dtypes, shapes,
+strides, alignment in C against what it was built for. Anything unusual (the
 first call of a shape, a refused argument, a kernel failure) takes the checked path, which
 validates the call against the family's ABI and names the problem precisely, then resolves:
 bundle -> overlay -> JIT -> torch reference (mode auto; see runtime/mode.py).
@@ -47,7 +49,7 @@ class FamilyOp:
         self.table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
         self.device_table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
         self._per_device: bool | None = None  # decided at the first call: CUDA is in use then
-        # The C hit path (aot/shape_dispatch.c, in bundle libraries): a calls with `out=` whose
+        # The C hit path (aot/shape_dispatch.c, in bundle libraries): a call with `out=` whose
         # input shapes it holds is one TVM-FFI call, no Python shape reads. Only for families
         # whose kernels take the op's arguments as they are (no `bind` wrapper).
         self.c_dispatch = type(kernel_family).bind is KernelFamily.bind
