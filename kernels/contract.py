@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.tables import Table
 
@@ -210,6 +211,16 @@ class KernelFamily:
 
     def supports(self, arch: str) -> bool:
         return arch in self.archs
+
+    def check_arch(self, arch: str) -> str:
+        """`arch` normalized ('sm90a' -> 'sm_90a'); UnsupportedProblemError when this family is
+        not built for it."""
+        arch = normalize_arch(arch)
+        if not self.supports(arch):
+            raise UnsupportedProblemError(
+                f"{self.name} is built for {', '.join(self.archs)}, not {arch}"
+            )
+        return arch
 
     def missing_requirements(self) -> str | None:
         """Why this family cannot be built or served in this environment (a distribution it

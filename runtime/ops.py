@@ -122,10 +122,7 @@ class FamilyOp:
         out_shape = tuple(self.family.output_shape(problem))
         mode = current_mode()
         try:
-            if not self.family.supports(arch):
-                raise UnsupportedProblemError(
-                    f"{family_name} is built for {', '.join(self.family.archs)}, not {arch}"
-                )
+            self.family.check_arch(arch)
             table = REGISTRY.table(family_name, arch)  # the serving bundle's, or the package's
             key = dispatch_with(self.family, problem, arch, table).key
             details = self.family.describe_problem(problem)

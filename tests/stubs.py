@@ -38,3 +38,15 @@ def stub_compile(family_name: str, key_fields: dict, arch: str, out_dir: str) ->
     data = target.read_bytes()
     return {**row, "status": "ok", "object": str(target),
             "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "seconds": 0.0}  # fmt: skip
+
+
+class RecordingKernel:
+    """Stands in for a bundle's TVM-FFI function where nothing may launch: records the
+    arguments of each call."""
+
+    def __init__(self, key_id: str):
+        self.key_id = key_id
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)

@@ -22,6 +22,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from tests.stubs import RecordingKernel
+
 pytest.importorskip(
     "flashinfer", reason="needs flashinfer-python (pip install 'cute-aot[flashinfer]')"
 )
@@ -84,17 +86,6 @@ def flashinfer_on_cpu(monkeypatch):
     yield keys
     serve_flashinfer.uninstall()
     original.cache_clear()
-
-
-class Kernel:
-    """Stands in for a bundle's TVM-FFI function: records what FlashInfer passes."""
-
-    def __init__(self, key_id: str):
-        self.key_id = key_id
-        self.calls = []
-
-    def __call__(self, *args):
-        self.calls.append(args)
 
 
 def call(problem: GdnProblem, scale=None, output_dtype=None):
@@ -163,7 +154,7 @@ def test_the_public_function_calls_the_bundles_kernel(
 ):
     problem = GdnProblem(3, 1, 2, 4, 128, 128)
     expected = family.dispatch(problem, "sm_90a").key
-    kernel = Kernel(expected.id)
+    kernel = RecordingKernel(expected.id)
     lookups = []
 
     def bundle_function(family_name, key_id, arch):
@@ -199,7 +190,7 @@ def test_mode_auto_lets_flashinfer_compile_and_records_the_miss(
 ):
     log = tmp_path / "misses.jsonl"
     monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(log))
-    flashinfers_own = Kernel("flashinfer")
+    flashinfers_own = RecordingKernel("flashinfer")
     monkeypatch.setattr(
         flashinfer_gdn, "build_and_load_cute_dsl_kernel", lambda *a, **k: flashinfers_own
     )

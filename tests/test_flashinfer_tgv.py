@@ -24,6 +24,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from tests.stubs import RecordingKernel
+
 pytest.importorskip(
     "flashinfer", reason="needs flashinfer-python (pip install 'cute-aot[flashinfer]')"
 )
@@ -377,17 +379,6 @@ def test_our_placeholders_have_the_types_of_flashinfers_compile_tensors(
 
 
 # -- serving: FlashInfer's public function reaches the bundle's kernel -------------------------
-class Kernel:
-    """Stands in for a bundle's TVM-FFI function: records what it is called with."""
-
-    def __init__(self, key_id: str):
-        self.key_id = key_id
-        self.calls = []
-
-    def __call__(self, *args):
-        self.calls.append(args)
-
-
 def test_the_public_function_calls_the_bundles_kernel_with_the_swapped_views(
     gpu, fresh_runtime, monkeypatch
 ):
@@ -395,7 +386,7 @@ def test_the_public_function_calls_the_bundles_kernel_with_the_swapped_views(
     a, b, bias, out = operands(m, n, k, bias=True)
     calls = [(with_bias, pdl) for with_bias in (False, True) for pdl in (False, True, None)]
     expected = {call: family.dispatch(TgvProblem(m, n, k, *call), "sm_100a").key for call in calls}
-    kernels = {key.id: Kernel(key.id) for key in expected.values()}
+    kernels = {key.id: RecordingKernel(key.id) for key in expected.values()}
     assert len(kernels) == 4  # pdl None and False are one key
     lookups = []
 
@@ -443,7 +434,7 @@ def test_the_public_function_calls_the_bundles_kernel_with_the_swapped_views(
 def test_a_b300_gets_the_sm103a_kernel_and_sm107_tactics_stay_flashinfers(
     gpu, fresh_runtime, monkeypatch
 ):
-    kernel = Kernel("any")
+    kernel = RecordingKernel("any")
     asked = []
 
     def bundle_function(family_name, key_id, arch):

@@ -254,12 +254,7 @@ class GdnDecodeFamily(KernelFamily):
 
     def dispatch(self, problem, arch: str) -> Dispatch:
         problem = GdnProblem(*problem)
-        arch = normalize_arch(arch)
-        if arch not in self.archs:
-            raise UnsupportedProblemError(
-                f"{FAMILY} is built for {', '.join(self.archs)}, not {arch}"
-            )
-        return _dispatch(problem, arch)
+        return _dispatch(problem, self.check_arch(arch))
 
     def problems(self, shape) -> Iterator[GdnProblem]:
         """Both batch kernels, with fp32 or bf16 dt_bias, at FlashInfer's default scale."""

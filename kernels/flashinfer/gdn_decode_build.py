@@ -31,8 +31,12 @@ def _strided(dtype: str, rank: int, align: int | None):
     return make_fake_tensor(DSL_TYPES[dtype], shape, stride=stride, assumed_align=align)
 
 
+def _int32_vector():
+    """cu_seqlens and h0_indices: dynamic 1-D int32, 16-byte aligned."""
+    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=16)
+
+
 def compile(key: GdnDecodeKey, arch: str):
-    vector = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=16)
     state = make_fake_tensor(
         DSL_TYPES[key.state_dtype], (cute.sym_int(), key.k, key.v), stride=(key.k * key.v, key.v, 1),
         assumed_align=16,
@@ -45,7 +49,7 @@ def compile(key: GdnDecodeKey, arch: str):
     options = (cute.GPUArch(arch), cute.EnableTVMFFI(True))
     return cute.compile[options](
         launcher,
-        vector,  # cu_seqlens
+        _int32_vector(),  # cu_seqlens
         _strided(key.q_dtype, 4, 16),
         _strided(key.k_dtype, 4, 16),
         _strided(key.v_dtype, 4, 16),
@@ -54,7 +58,7 @@ def compile(key: GdnDecodeKey, arch: str):
         make_fake_compact_tensor(DSL_TYPES[key.a_log_dtype], (key.hv,)),
         make_fake_compact_tensor(DSL_TYPES[key.dt_bias_dtype], (key.hv,)),
         state,
-        make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=16),
+        _int32_vector(),  # h0_indices
         _strided(key.out_dtype, 4, 16),
         softplus_beta=1.0,
         softplus_threshold=20.0,

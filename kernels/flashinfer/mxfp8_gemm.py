@@ -489,12 +489,7 @@ class Mxfp8GemmFamily(KernelFamily):
     # -- problems ---------------------------------------------------------------------------------
     def dispatch(self, problem, arch: str) -> Dispatch:
         problem = Mxfp8Problem(*problem)
-        arch = normalize_arch(arch)
-        if arch not in self.archs:
-            raise UnsupportedProblemError(
-                f"{FAMILY} is built for {', '.join(self.archs)}, not {arch}"
-            )
-        return _dispatch(problem, arch)
+        return _dispatch(problem, self.check_arch(arch))
 
     def problems(self, shape) -> Iterator[Mxfp8Problem]:
         """One M per untuned choice of the runner, each output dtype."""

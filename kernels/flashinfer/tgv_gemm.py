@@ -367,12 +367,7 @@ class TgvGemmFamily(KernelFamily):
 
     def dispatch(self, problem, arch: str) -> Dispatch:
         problem = TgvProblem(*problem)
-        arch = normalize_arch(arch)
-        if arch not in self.archs:
-            raise UnsupportedProblemError(
-                f"{FAMILY} is built for {', '.join(self.archs)}, not {arch}"
-            )
-        return _dispatch(problem, arch)
+        return _dispatch(problem, self.check_arch(arch))
 
     def problems(self, shape) -> Iterator[TgvProblem]:
         """A decode-sized call with and without bias, with pdl False (mm_bf16's default),
