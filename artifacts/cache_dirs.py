@@ -1,20 +1,13 @@
 """The per-user cute-aot cache folder: one rule for every part that keeps files there.
 
 The build cache (aot/), the unpacked bundle libraries, the overlay of JIT results and the miss log
-(runtime/) all live under it, so the rule lives here, below both.
+(runtime/) all live under it, so the rule lives here, below both (read in artifacts/settings.py).
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from cute_aot.artifacts.settings import CACHE_DIR, cache_dir
 
-CACHE_DIR_ENV = "CUTE_AOT_CACHE_DIR"
+CACHE_DIR_ENV = CACHE_DIR.name
 
-
-def cache_dir() -> Path:
-    """$CUTE_AOT_CACHE_DIR, else $XDG_CACHE_HOME/cute-aot, else ~/.cache/cute-aot."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cute-aot"
+__all__ = ["CACHE_DIR_ENV", "cache_dir"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KeyFileError, SignatureError
 from cute_aot.artifacts.manifest import Manifest
 
@@ -37,8 +38,8 @@ if TYPE_CHECKING:  # `cryptography` is imported only where a key or signature is
     )
 
 ALGORITHM = "ed25519"
-TRUSTED_KEYS_ENV = "CUTE_AOT_TRUSTED_KEYS"
-REQUIRE_SIGNATURE_ENV = "CUTE_AOT_REQUIRE_SIGNATURE"
+TRUSTED_KEYS_ENV = settings.TRUSTED_KEYS.name
+REQUIRE_SIGNATURE_ENV = settings.REQUIRE_SIGNATURE.name
 # Binds a signature to its purpose: these bytes can never be mistaken for another signed message.
 DOMAIN = b"cute-aot bundle manifest\0"
 CACHE_RECORD_DOMAIN = b"cute-aot build cache record\0"
@@ -130,7 +131,7 @@ def load_public_keys(path: str | os.PathLike) -> list[TrustedKey]:
 def trusted_keys(spec: str | None = None) -> dict[str, TrustedKey]:
     """key id -> key, from `spec` (default: CUTE_AOT_TRUSTED_KEYS); a named file that is not
     there or not a key raises KeyFileError: a typo must not quietly trust nothing."""
-    spec = os.environ.get(TRUSTED_KEYS_ENV, "") if spec is None else spec
+    spec = settings.trusted_keys_spec() if spec is None else spec
     keys: dict[str, TrustedKey] = {}
     for part in filter(None, spec.split(os.pathsep)):
         if not os.path.exists(part):
@@ -142,8 +143,7 @@ def trusted_keys(spec: str | None = None) -> dict[str, TrustedKey]:
 
 def signature_required() -> bool:
     """CUTE_AOT_REQUIRE_SIGNATURE: anything but unset, '', 0, false, no or off requires one."""
-    value = os.environ.get(REQUIRE_SIGNATURE_ENV, "").strip().lower()
-    return value not in ("", "0", "false", "no", "off")
+    return settings.signature_required()
 
 
 # -- signing and verifying ----------------------------------------------------------------------

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cute_aot.artifacts import signing, toolchain
+from cute_aot.artifacts import settings, signing, toolchain
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import SHA256_RE, read_bundle, read_manifest
 from cute_aot.artifacts.elf import DynamicInfo
@@ -66,7 +66,7 @@ _loaded: dict[tuple[str, str], tuple[Any, str, DynamicInfo]] = {}
 _loaded_lock = threading.Lock()
 # "1": verify every bundle's library in full on every load (audits; the cold-start benchmark's
 # "before"), instead of trusting the private copy verified when it was extracted.
-REVERIFY_ENV = "CUTE_AOT_REVERIFY"
+REVERIFY_ENV = settings.REVERIFY.name
 # The one exported function of a bundle library besides its kernels: the ops' C hit path.
 SHAPE_DISPATCH_FUNCTION = "cute_aot_dispatch_new"
 
@@ -312,7 +312,7 @@ def open_bundle(
     and read just the manifest, re-deriving each entry's key before its first use.
     """
     path = Path(path)
-    if os.environ.get(REVERIFY_ENV, "") not in ("1", "true", "yes"):
+    if not settings.reverify():
         opened = _open_trusted(path, gpu_arch, accept, trust)
         if opened is not None:
             return opened

@@ -11,16 +11,15 @@ import os
 import time
 from pathlib import Path
 
-from cute_aot.artifacts import toolchain
+from cute_aot.artifacts import settings, toolchain
 from cute_aot.artifacts.miss_log import read_misses  # noqa: F401  (one reader of the log)
-from cute_aot.runtime import paths
 from cute_aot.runtime.notices import warn_once
 
-MISS_LOG_ENV = "CUTE_AOT_MISS_LOG"
+MISS_LOG_ENV = settings.MISS_LOG.name
 
 
 def miss_log_path() -> Path:
-    return Path(os.environ.get(MISS_LOG_ENV) or paths.cache_dir() / "misses.jsonl")
+    return settings.miss_log()
 
 
 def record_miss(key, arch: str, problem: dict) -> None:

@@ -8,11 +8,11 @@
 from __future__ import annotations
 
 import enum
-import os
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import CuteAotError
 
-MODE_ENV = "CUTE_AOT_MODE"
+MODE_ENV = settings.MODE.name
 
 
 class Mode(str, enum.Enum):
@@ -42,4 +42,4 @@ def set_mode(mode: str | Mode | None) -> None:
 def current_mode() -> Mode:
     if _override is not None:
         return _override
-    return parse_mode(os.environ.get(MODE_ENV) or Mode.AUTO)
+    return parse_mode(settings.mode_name() or Mode.AUTO)

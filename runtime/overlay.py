@@ -20,7 +20,7 @@ import os
 import uuid
 from pathlib import Path
 
-from cute_aot.artifacts import signing, toolchain
+from cute_aot.artifacts import settings, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 from cute_aot.artifacts.errors import BundleError, SignatureError
@@ -34,7 +34,7 @@ REFUSED_MARK = ".refused-"  # <entry>.refused-<random>: set aside, for gc
 # The private key overlay entries are signed with. Default: a per-user key made on first use in
 # the cache dir (mode 0600). Servers that share one overlay folder share one key here, and
 # trust its public key through CUTE_AOT_TRUSTED_KEYS.
-OVERLAY_KEY_ENV = "CUTE_AOT_OVERLAY_KEY"
+OVERLAY_KEY_ENV = settings.OVERLAY_KEY.name
 
 
 def overlay_root() -> Path:
@@ -98,7 +98,7 @@ def publish(key, arch: str, data: bytes) -> bool:
 
 # -- trust -----------------------------------------------------------------------------------------
 def signing_key_path() -> Path:
-    return Path(os.environ.get(OVERLAY_KEY_ENV) or paths.cache_dir() / "keys" / "overlay.pem")
+    return settings.overlay_key()
 
 
 @functools.cache

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 
 # The cache folder's rule is shared with the build cache (aot/), so it lives in artifacts.
@@ -18,13 +18,12 @@ __all__ = [
     "expand_bundle_paths",
 ]
 
-BUNDLES_ENV = "CUTE_AOT_BUNDLES"
+BUNDLES_ENV = settings.BUNDLES.name
 
 
 def bundle_search_paths() -> list[Path]:
     """CUTE_AOT_BUNDLES: files or folders, separated like PATH."""
-    value = os.environ.get(BUNDLES_ENV, "")
-    return [Path(part) for part in value.split(os.pathsep) if part]
+    return [Path(part) for part in settings.bundle_sources()]
 
 
 def expand_bundle_paths(paths: list[Path]) -> list[Path]:

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cute_aot.aot import binary_info
-from cute_aot.artifacts import PACKAGE_VERSION, toolchain
+from cute_aot.artifacts import PACKAGE_VERSION, settings, toolchain
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
 from cute_aot.artifacts.errors import (
     BundleError,
@@ -34,11 +34,9 @@ from cute_aot.runtime.registry import stale_reasons
 # (bundle path, whether it came from a folder, its manifest or why it could not be read)
 BundleSource = tuple[Path, bool, "Manifest | str"]
 
+# Every CUTE_AOT_* setting (artifacts/settings.py), then the others that change what runs
 ENV_VARS = (
-    paths.BUNDLES_ENV,
-    paths.CACHE_DIR_ENV,
-    miss_log.MISS_LOG_ENV,
-    MODE_ENV,
+    *(setting.name for setting in settings.SETTINGS),
     "CUTE_DSL_ARCH",
     "CUDA_VISIBLE_DEVICES",
     "XDG_CACHE_HOME",

@@ -1,0 +1,109 @@
+"""Every `CUTE_AOT_*` environment variable: read here, and only here, each time it is asked for.
+
+One table (`SETTINGS`) names each variable, its default and what it does; `aot-cache env` prints
+it and the README copies it. Values are read on every call (a server may change its environment,
+and tests do), which costs a dict lookup: the hot path never asks.
+
+This module sits at the bottom of the package (artifacts/), so that the build (aot/), the bundle
+format and the runtime all read their settings through it without import cycles.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    doc: str
+
+    def raw(self) -> str | None:
+        """The variable's value, None when it is unset or empty."""
+        return os.environ.get(self.name) or None
+
+
+BUNDLES = Setting("CUTE_AOT_BUNDLES", "(none)",
+                  "bundle files or folders, ':'-separated, loaded at the first op call")  # fmt: skip
+MODE = Setting("CUTE_AOT_MODE", "auto",
+               "auto (bundle, overlay, JIT, torch), aot (bundles only; a miss raises), jit")  # fmt: skip
+CACHE_DIR = Setting(
+    "CUTE_AOT_CACHE_DIR",
+    "$XDG_CACHE_HOME/cute-aot, else ~/.cache/cute-aot",
+    "per-user cache: verified libraries, JIT overlay, miss log, build cache (keep it 0700)",
+)
+MISS_LOG = Setting("CUTE_AOT_MISS_LOG", "<cache dir>/misses.jsonl",
+                   "where servers record the kernels they had to compile")  # fmt: skip
+TRUSTED_KEYS = Setting("CUTE_AOT_TRUSTED_KEYS", "(none)",
+                       "ed25519 public keys (PEM files or folders, ':'-separated) bundles may be signed by")  # fmt: skip
+REQUIRE_SIGNATURE = Setting("CUTE_AOT_REQUIRE_SIGNATURE", "0",
+                            "1: load only bundles signed by a trusted key")  # fmt: skip
+OVERLAY_KEY = Setting("CUTE_AOT_OVERLAY_KEY", "<cache dir>/keys/overlay.pem",
+                      "private key that signs JIT results in the overlay cache")  # fmt: skip
+REVERIFY = Setting("CUTE_AOT_REVERIFY", "0",
+                   "1: verify every bundle's library in full at every load (audits)")  # fmt: skip
+
+SETTINGS: tuple[Setting, ...] = (
+    BUNDLES,
+    MODE,
+    CACHE_DIR,
+    MISS_LOG,
+    TRUSTED_KEYS,
+    REQUIRE_SIGNATURE,
+    OVERLAY_KEY,
+    REVERIFY,
+)
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(setting: Setting) -> bool:
+    return (setting.raw() or "").strip().lower() in _TRUE
+
+
+def bundle_sources() -> list[str]:
+    """CUTE_AOT_BUNDLES: files or folders, separated like PATH."""
+    return [part for part in (BUNDLES.raw() or "").split(os.pathsep) if part]
+
+
+def mode_name() -> str | None:
+    """CUTE_AOT_MODE as written (parsed by runtime/mode.py), None when unset."""
+    return MODE.raw()
+
+
+def cache_dir() -> Path:
+    """$CUTE_AOT_CACHE_DIR, else $XDG_CACHE_HOME/cute-aot, else ~/.cache/cute-aot."""
+    explicit = CACHE_DIR.raw()
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cute-aot"
+
+
+def miss_log() -> Path:
+    return Path(MISS_LOG.raw() or cache_dir() / "misses.jsonl")
+
+
+def trusted_keys_spec() -> str:
+    return TRUSTED_KEYS.raw() or ""
+
+
+def signature_required() -> bool:
+    """Anything but unset, '', 0, false, no or off requires one (a typo must not turn it off)."""
+    return (REQUIRE_SIGNATURE.raw() or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def overlay_key() -> Path:
+    return Path(OVERLAY_KEY.raw() or cache_dir() / "keys" / "overlay.pem")
+
+
+def reverify() -> bool:
+    return _flag(REVERIFY)
+
+
+def current() -> dict[str, str | None]:
+    """name -> value as set (None: unset), for `aot-cache env`."""
+    return {setting.name: setting.raw() for setting in SETTINGS}
