@@ -34,10 +34,8 @@ __all__ = [*_EXPORTS, "set_mode"]
 def set_mode(mode) -> None:
     """Set the process-wide mode (auto | aot | jit; None: CUTE_AOT_MODE) for the next calls."""
     from cute_aot.runtime import mode as _mode
-    from cute_aot.runtime.registry import REGISTRY
 
     _mode.set_mode(mode)
-    REGISTRY.notify_change()  # every op resolves its shapes again, under the new mode
 
 
 def __getattr__(name: str):

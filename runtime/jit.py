@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from cute_aot.artifacts.errors import CuteAotError, JitUnavailableError
-from cute_aot.runtime import overlay
+from cute_aot.artifacts.errors import JitUnavailableError
+from cute_aot.runtime import overlay, policy
 from cute_aot.runtime.notices import warn_once
 
 _compile_lock = threading.Lock()
@@ -67,7 +67,8 @@ def _compile(key, arch: str, publish: bool) -> Callable:
 
 
 def _publish(compiled, key, arch: str) -> None:
-    """Export, link and publish as a one-kernel bundle; any failure only turns the overlay off."""
+    """Export, link and publish as a one-kernel bundle. Any failure (an unwritable or full
+    folder, an export or link error) only turns the overlay off: the compiled kernel serves."""
     try:
         from cute_aot.aot.compile_worker import export_object
         from cute_aot.aot.pack import pack_bundle
@@ -77,10 +78,12 @@ def _publish(compiled, key, arch: str) -> None:
             _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row}, sign=overlay.sign)
         if overlay.publish(key, arch, bundle):
             published.append(key.id)
-    except (OSError, CuteAotError) as exc:
+    except Exception as exc:
+        policy.count(key.FAMILY, policy.DEGRADED)
         warn_once(
             ("overlay-publish", str(overlay.overlay_root())),
-            f"overlay cache off: cannot publish JIT results under {overlay.overlay_root()} ({exc})",
+            f"overlay cache off: cannot publish JIT results under {overlay.overlay_root()} "
+            f"({type(exc).__name__}: {exc}); the compiled kernel serves this process",
         )
 
 

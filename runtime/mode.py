@@ -3,14 +3,21 @@
 - auto: bundle -> overlay cache -> JIT compile (warning once per key) -> torch, saying so once
 - aot:  prebuilt only; a miss raises (no surprise compiles while serving)
 - jit:  always compile (kernel development); bundles and the overlay are ignored
+
+The order and what counts as a failure to fall past live in runtime/policy.py. Any change of the
+mode moves the resolution epoch (runtime/epoch.py), so no op keeps serving what an earlier mode
+chose: `set_mode` at once, a changed `CUTE_AOT_MODE` at the next resolution of any shape (the
+hit path never reads the environment: that costs as much as the call).
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.runtime import epoch
 
 MODE_ENV = settings.MODE.name
 
@@ -22,6 +29,8 @@ class Mode(str, enum.Enum):
 
 
 _override: Mode | None = None
+_lock = threading.Lock()
+_seen: list = [None]  # the mode last answered: a different answer moves the epoch
 
 
 def parse_mode(value: str | Mode) -> Mode:
@@ -34,12 +43,23 @@ def parse_mode(value: str | Mode) -> Mode:
 
 
 def set_mode(mode: str | Mode | None) -> None:
-    """Set the process-wide mode (None: back to CUTE_AOT_MODE, default auto)."""
+    """Set the process-wide mode (None: back to CUTE_AOT_MODE, default auto); every op resolves
+    its shapes again under it."""
     global _override
-    _override = None if mode is None else parse_mode(mode)
+    parsed = None if mode is None else parse_mode(mode)
+    with _lock:
+        _override = parsed
+        _seen[0] = None  # the epoch moves here; the next answer is then the one seen
+        epoch.advance()
 
 
 def current_mode() -> Mode:
-    if _override is not None:
-        return _override
-    return parse_mode(settings.mode_name() or Mode.AUTO)
+    mode = _override if _override is not None else parse_mode(settings.mode_name() or Mode.AUTO)
+    if _seen[0] is not mode:
+        with _lock:
+            if _seen[0] is not mode:
+                moved = _seen[0] is not None
+                _seen[0] = mode
+                if moved:
+                    epoch.advance()
+    return mode

@@ -10,7 +10,7 @@ dict lookup on the input shapes, then the kernel. The exported kernel checks dty
 strides, alignment in C against what it was built for. Anything unusual (the
 first call of a shape, a refused argument, a kernel failure) takes the checked path, which
 validates the call against the family's ABI and names the problem precisely, then resolves:
-bundle -> overlay -> JIT -> torch reference (mode auto; see runtime/mode.py).
+bundle -> overlay -> JIT -> torch reference (mode auto; the one policy is runtime/policy.py).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from typing import Any
 
 import torch
 
-from cute_aot.artifacts.errors import InputError, JitUnavailableError, UnsupportedProblemError
+from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
 from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.contract import TensorArg, dispatch_with
+from cute_aot.runtime import epoch, policy
 from cute_aot.runtime.device import device_arch
-from cute_aot.runtime.mode import Mode, current_mode
-from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.registry import REGISTRY
 
 
@@ -39,42 +38,78 @@ class FamilyOp:
         self.inputs: tuple[TensorArg, ...] = kernel_family.inputs
         self.output: TensorArg = kernel_family.output
         self.out_dtype = getattr(torch, self.output.dtype)
-        # (input shapes) -> (function, output shape), the hit path's table: filled on the checked
-        # path, emptied whenever bundles are loaded or cleared or the mode changes. Kernels are
-        # resolved per architecture, and where every GPU has one architecture a function serves
-        # every device (the exported function refuses tensors on another device than the
-        # first's, or on the CPU, and the checked path then says why). A process with GPUs of
-        # several architectures keeps its resolutions per device in `device_table` instead, so
-        # each call there takes the checked path.
-        self.table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
-        self.device_table: dict[tuple, tuple[Callable, tuple[int, ...]]] = {}
+        # What the hit path reads, as one snapshot swapped whole (never two reads that could
+        # disagree): (input shapes -> (function, output shape), the C table or None, the epoch
+        # they were filled in). A snapshot of an older epoch is ignored, so every load, clear
+        # and mode change re-resolves without anyone telling the op (runtime/epoch.py).
+        # Kernels are resolved per architecture, and where every GPU has one architecture a
+        # function serves every device (the exported function refuses tensors on another device
+        # than the first's, or on the CPU, and the checked path then says why). A process with
+        # GPUs of several architectures keeps its resolutions per device instead (the `device`
+        # tables), so each call there takes the checked path.
+        self.state: list[tuple[dict, Callable | None, int]] = [({}, None, -1)]
+        self._device_state: tuple[dict, int] = ({}, -1)
         self._per_device: bool | None = None  # decided at the first call: CUDA is in use then
+        self._lock = threading.Lock()
         # The C hit path (aot/shape_dispatch.c, in bundle libraries): a call with `out=` whose
         # input shapes it holds is one TVM-FFI call, no Python shape reads. Only for families
-        # whose kernels take the op's arguments as they are (no `bind` wrapper).
+        # whose kernels take the op's arguments as they are (no `bind` wrapper) and whose
+        # shapes fit its keys.
         self.c_dispatch = type(kernel_family).bind is KernelFamily.bind
-        self.dispatcher: Callable | None = None
-        REGISTRY.on_change(self.forget)
-        self.call, self._set_dispatcher = _hit_path(self)
+        self.call = _hit_path(self)
         _define_torch_op(self)
 
+    @property
+    def table(self) -> dict:
+        """The hit path's shape table of the current epoch."""
+        table, _, seen = self.state[0]
+        return table if seen == epoch.current() else {}
+
+    @property
+    def dispatcher(self) -> Callable | None:
+        """The C table of the current epoch, if any."""
+        _, dispatcher, seen = self.state[0]
+        return dispatcher if seen == epoch.current() else None
+
+    @property
+    def device_table(self) -> dict:
+        """The per-device resolutions of the current epoch (GPUs of several architectures)."""
+        table, seen = self._device_state
+        return table if seen == epoch.current() else {}
+
     # -- checked path ----------------------------------------------------------------------------
-    def checked(self, inputs: tuple, out, failure: Exception):
-        """Validate, then either explain `failure` or resolve the problem and call its kernel."""
+    def failed(self, inputs: tuple, out, failure: Exception):
+        """A call of a remembered kernel raised: name the caller's mistake if there is one, else
+        raise the kernel's own failure. The kernel is never called a second time (it may have
+        updated state in place)."""
+        self.check(inputs, out)
+        raise failure
+
+    def checked(self, inputs: tuple, out):
+        """The first call of these shapes in this epoch: validate, resolve, remember, call."""
         problem = self.check(inputs, out)
-        if not isinstance(failure, KeyError):
-            raise failure  # the inputs are fine: a real failure of the kernel call
         device = inputs[0].get_device()
         shapes = [None if t is None else t.shape for t in inputs]
-        entry = self.device_table.get((*shapes, device)) if self.per_device else None
+        entry = None
+        if self.per_device:
+            entry = self.device_table.get((*shapes, device))
         if entry is None:
-            entry = self.resolve(problem, device)
-            self.remember(shapes, device, entry)
+            entry = self.resolve_and_remember(problem, shapes, device)
         function, out_shape = entry
         if out is None:
             out = torch.empty(out_shape, dtype=self.out_dtype, device=inputs[0].device)
         function(*inputs, out)
         return out
+
+    def resolve_and_remember(self, problem, shapes, device: int):
+        """Resolve in one epoch: if a load, clear or mode change happened meanwhile, resolve
+        again under it (once; a second move serves this call and remembers nothing)."""
+        for _ in range(2):
+            started = epoch.current()
+            entry = self.resolve(problem, device)
+            if self.remember(shapes, device, entry, started):
+                break
+        return entry
 
     def check(self, inputs: Sequence, out=None):
         """The call against the ABI; returns the family's problem. InputError says what is wrong.
@@ -112,30 +147,30 @@ class FamilyOp:
         return problem
 
     def resolve(self, problem, device: int) -> tuple[Callable, tuple[int, ...]]:
-        """The function serving `problem` on CUDA device `device` (once per shape and device)."""
+        """The function serving `problem` on CUDA device `device`, by the fallback policy."""
         family_name = self.family.name
         arch = device_arch(device)
         if arch is None:
             major, minor = torch.cuda.get_device_capability(device)
             raise InputError(f"{family_name}: no kernels are built for compute capability "
                              f"{major}.{minor}")  # fmt: skip
-        out_shape = tuple(self.family.output_shape(problem))
-        mode = current_mode()
-        try:
-            self.family.check_arch(arch)
+        self.family.check_arch(arch)
+
+        def find_key():
             table = REGISTRY.table(family_name, arch)  # the serving bundle's, or the package's
-            key = dispatch_with(self.family, problem, arch, table).key
-            details = self.family.describe_problem(problem)
-            function = REGISTRY.resolve(key, arch, details)
-            return self.family.bind(function, problem), out_shape
-        except (JitUnavailableError, UnsupportedProblemError) as exc:
-            if mode is not Mode.AUTO:
-                raise
-            warn_once(
-                ("torch-fallback", family_name, arch, str(exc)),
-                f"{exc}; {family_name} runs its torch reference instead",
-            )
-            return self.reference_function(), out_shape
+            return dispatch_with(self.family, problem, arch, table).key
+
+        resolution = policy.resolve(
+            family_name,
+            arch,
+            find_key,
+            lambda: self.family.describe_problem(problem),
+            self.reference_function,
+        )
+        function = resolution.function
+        if resolution.source != "reference":
+            function = self.family.bind(function, problem)
+        return function, tuple(self.family.output_shape(problem))
 
     def preload(self, problem, device: int) -> None:
         """Resolve `problem` on `device` now and remember it for the hit path (warm-up)."""
@@ -143,7 +178,7 @@ class FamilyOp:
             None if shape is None else torch.Size(shape)
             for shape in self.family.input_shapes(problem)
         ]
-        self.remember(shapes, device, self.resolve(problem, device))
+        self.resolve_and_remember(problem, shapes, device)
 
     @property
     def per_device(self) -> bool:
@@ -153,36 +188,41 @@ class FamilyOp:
             self._per_device = len(_visible_archs()) > 1
         return self._per_device
 
-    def remember(self, shapes, device: int, entry: tuple[Callable, tuple[int, ...]]) -> None:
-        if self.per_device:
-            self.device_table[(*shapes, device)] = entry
-            return
-        self.table[tuple(shapes)] = entry
-        if self.c_dispatch and _is_tvm_ffi_function(entry[0]):
-            dispatcher = self.dispatcher or self._new_dispatcher(device)
-            if dispatcher is not None:
-                dims = [
-                    d
-                    for shape in shapes
-                    for d in ((-1,) if shape is None else (len(shape), *shape))
-                ]
-                dispatcher(_PUT, entry[0], *dims)
+    def remember(self, shapes, device: int, entry, computed_in: int) -> bool:
+        """Keep `entry` for the hit path if the epoch it was computed in is still the current
+        one (False: it moved, nothing is kept)."""
+        with self._lock:
+            if computed_in != epoch.current():
+                return False
+            if self.per_device:
+                table, seen = self._device_state
+                if seen != computed_in:
+                    table = {}
+                    self._device_state = (table, computed_in)
+                table[(*shapes, device)] = entry
+                return True
+            table, dispatcher, seen = self.state[0]
+            if seen != computed_in:
+                table, dispatcher = {}, self._new_dispatcher(device)
+            table = {**table, tuple(shapes): entry}  # a new dict: readers never see one change
+            dims = [
+                d for shape in shapes for d in ((-1,) if shape is None else (len(shape), *shape))
+            ]
+            if dispatcher is not None and len(dims) <= C_TABLE_MAX_DIMS:
+                if _is_tvm_ffi_function(entry[0]):
+                    dispatcher(_PUT, entry[0], *dims)
+            self.state[0] = (table, dispatcher, computed_in)
+            return True
 
     def _new_dispatcher(self, device: int) -> Callable | None:
         """A C table from the first loaded bundle of this GPU's architecture that links one."""
+        if not self.c_dispatch:
+            return None
         arch = device_arch(device)
         for bundle in REGISTRY.bundles:
             if bundle.arch == arch and (dispatcher := bundle.shape_dispatcher(len(self.inputs))):
-                self.dispatcher = dispatcher
-                self._set_dispatcher(dispatcher)
                 return dispatcher
         return None
-
-    def forget(self) -> None:
-        self.table.clear()
-        self.device_table.clear()
-        self.dispatcher = None
-        self._set_dispatcher(None)
 
     def reference_function(self) -> Callable:
         """The torch fallback, which checks its inputs on every call (no C checks guard it)."""
@@ -229,7 +269,7 @@ def _check_placement(name: str, arg: TensorArg, tensor: torch.Tensor) -> None:
 
 
 _HIT_PATH = """
-def make(dispatch):
+def make(state, generation):
   def {name}({args}, out=None):
     if is_dynamo_compiling():
         # torch.compile sees the torch op (with its Meta kernel), not this Python. (A constant
@@ -237,30 +277,32 @@ def make(dispatch):
         # torch._dynamo, seconds, into every server.)
         result = torch_op({args})
         return result if out is None else out.copy_(result)
-    try:
-        # The C table: the kernel of these input shapes, called; 1 when it holds none.
-        if out is not None and dispatch is not None and dispatch({args}, out) is None:
-            return out
-        function, out_shape = table[({key})]
-        if out is None:
-            out = empty(out_shape, dtype=out_dtype, device={first}.device)
-        function({args}, out)
-        return out
-    except Exception as exc:  # the checked path explains it, or resolves a new shape
-        return checked(({args},), out, exc)
+    table, dispatch, seen = state[0]  # one snapshot (runtime/epoch.py)
+    if seen == generation[0]:
+        try:
+            # The C table: the kernel of these input shapes, called; 1 when it holds none.
+            if out is not None and dispatch is not None and dispatch({args}, out) is None:
+                return out
+            entry = table.get(({key}))
+            if entry is not None:
+                function, out_shape = entry
+                if out is None:
+                    out = empty(out_shape, dtype=out_dtype, device={first}.device)
+                function({args}, out)
+                return out
+        except Exception as exc:  # a remembered kernel failed: explained, never called again
+            return failed(({args},), out, exc)
+    return checked(({args},), out)  # a new shape, or a new epoch
 
-  def set_dispatch(value):
-    nonlocal dispatch
-    dispatch = value
-
-  return {name}, set_dispatch
+  return {name}
 """
 
 
 _PUT = 1  # shape_dispatch.c's control code
+C_TABLE_MAX_DIMS = 24  # shape_dispatch.c's MAX_KEY: longer keys stay in the Python table
 
 
-def _hit_path(op: FamilyOp) -> tuple[Callable, Callable[[Callable | None], None]]:
+def _hit_path(op: FamilyOp) -> Callable:
     """The op's hit path, generated for the family's argument names (as dataclasses does): named
     parameters and a literal lookup key cost less than *args and a loop, and the hit path is
     what a server pays on every call."""
@@ -277,18 +319,18 @@ def _hit_path(op: FamilyOp) -> tuple[Callable, Callable[[Callable | None], None]
     scope = {
         "is_dynamo_compiling": torch.compiler.is_dynamo_compiling,
         "torch_op": lambda *inputs: getattr(torch.ops.cute_aot, op.family.name)(*inputs),
-        "table": op.table,
         "empty": torch.empty,
         "out_dtype": op.out_dtype,
         "checked": op.checked,
+        "failed": op.failed,
     }
     exec(compile(source, f"<cute_aot op {op.family.name}>", "exec"), scope)
-    function, set_dispatch = scope["make"](None)
+    function = scope["make"](op.state, epoch.GENERATION)
     function.__doc__ = (
         f"{op.family.name}({', '.join(names)}, out=None) on the current torch stream of the "
         f"inputs' device.\n\n" + "\n".join(arg.describe() for arg in op.family.abi)
     )
-    return function, set_dispatch
+    return function
 
 
 # Each op is also a torch op, cute_aot::<family>, so torch.compile does not trace into the Python
@@ -336,8 +378,8 @@ def family_op(name: str) -> FamilyOp:
 
 
 def forget_resolutions() -> None:
-    """Resolve every shape again on its next call (mode changes, tests)."""
-    REGISTRY.notify_change()
+    """Resolve every shape again on its next call (tests, benchmarks)."""
+    epoch.advance()
 
 
 def __getattr__(name: str):

@@ -5,28 +5,30 @@ resolve() decides, by mode: bundle -> overlay -> JIT (auto), bundle only (aot), 
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from cute_aot.artifacts import toolchain
+from cute_aot.artifacts import settings, toolchain
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import (
     BundleError,
-    JitUnavailableError,
+    DriverTooOldError,
+    IncompatibleBundleError,
     KernelNotFoundError,
     KeyFileError,
+    MissingLibraryError,
     StaleBundleError,
     TableError,
 )
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import families, family_facts
 from cute_aot.kernels.tables import Table
-from cute_aot.runtime import jit, overlay, paths
+from cute_aot.runtime import epoch, overlay, paths
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
-from cute_aot.runtime.misses import record_miss
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
@@ -82,25 +84,21 @@ def _foreign_difference(built: dict, installed: dict) -> str:
 
 
 class Registry:
+    """The loaded bundles, their key index and dispatch tables. Every change moves the
+    resolution epoch (runtime/epoch.py): what ops resolved before is resolved again."""
+
     def __init__(self) -> None:
         self.bundles: list[LoadedBundle] = []
         self.overlay_bundles: dict[tuple[str, str], LoadedBundle] = {}
         self.stale: dict[tuple[str, str], list[str]] = {}  # (arch, family) -> reasons
         self._index: dict[tuple[str, str, str], LoadedBundle] = {}
         self._lock = threading.RLock()
-        self._env_loaded = False
-        self._listeners: list[Callable[[], None]] = []
+        # CUTE_AOT_BUNDLES sources loaded so far: one that could not be read (a folder not
+        # mounted yet, an NFS hiccup) is tried again at the next resolution, not given up on.
+        self._env_done: set[str] = set()
         # (arch, family) -> (dispatch table, the bundle it came from): the first loaded bundle
         # that carries one for the family decides; kernels of every bundle still serve any key.
         self._tables: dict[tuple[str, str], tuple[Table, Path]] = {}
-
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Call `listener` whenever the set of bundles changes (ops forget their resolutions)."""
-        self._listeners.append(listener)
-
-    def notify_change(self) -> None:
-        for listener in self._listeners:
-            listener()
 
     # -- loading ---------------------------------------------------------------------------------
     def add(self, bundle: LoadedBundle) -> None:
@@ -115,7 +113,7 @@ class Registry:
                     # first loaded wins: explicit paths are loaded before CUTE_AOT_BUNDLES
                     self._index.setdefault((bundle.arch, entry.family, entry.key_id), bundle)
             # A shape resolved before (to the overlay, JIT or torch) may now have a prebuilt kernel.
-            self.notify_change()
+            epoch.advance()
 
     def _add_table(self, bundle: LoadedBundle, family_name: str, record: dict) -> None:
         try:
@@ -137,8 +135,7 @@ class Registry:
     def table(self, family_name: str, arch: str) -> Table | None:
         """The dispatch table `family_name` uses on `arch`: the one recorded by the first loaded
         bundle that carries one for it (None: the installed package's own)."""
-        if not self._env_loaded:
-            self.load_from_env()
+        self.load_from_env()
         found = self._tables.get((arch, family_name))
         return found[0] if found else None
 
@@ -212,26 +209,41 @@ class Registry:
             return None
 
     def load_from_env(self) -> None:
-        """Load CUTE_AOT_BUNDLES once per process. Other threads wait until it is done: none may
-        see an empty registry while the first one loads."""
+        """Load what CUTE_AOT_BUNDLES names and was not loaded yet. Other threads wait until it
+        is done: none may see an empty registry while the first one loads. A source that is
+        missing or cannot be read now is skipped with one warning and tried again next time;
+        a bad bundle file in it is skipped for good (mode auto)."""
+        pending = [s for s in settings.bundle_sources() if s not in self._env_done]
+        if not pending:
+            return
         with self._lock:
-            if self._env_loaded:
-                return
-            try:
-                # A server must not fail on a bad file someone dropped into its bundle path.
-                self._load(paths.bundle_search_paths(), None, skip_bad_files=True)
-            finally:
-                self._env_loaded = True
+            for source in pending:
+                if source in self._env_done:
+                    continue
+                try:
+                    if not os.path.exists(source):
+                        raise FileNotFoundError(errno.ENOENT, "no such file or folder", source)
+                    self._load([source], None, skip_bad_files=True)
+                except OSError as exc:
+                    if current_mode() is Mode.AOT and not isinstance(exc, FileNotFoundError):
+                        raise
+                    warn_once(("bundles-unreadable", source),
+                              f"{settings.BUNDLES.name} names {source}, which cannot be read now "
+                              f"({exc.strerror or exc}); trying again at the next new shape")  # fmt: skip
+                    continue
+                self._env_done.add(source)
 
     # -- resolution ------------------------------------------------------------------------------
     def bundle_function(self, family: str, key_id: str, arch: str) -> Callable | None:
         bundle = self._index.get((arch, family, key_id))
-        if bundle is None and not self._env_loaded:
+        if bundle is None:
             self.load_from_env()
             bundle = self._index.get((arch, family, key_id))
         return bundle.function(key_id) if bundle else None
 
     def overlay_function(self, key, arch: str) -> Callable | None:
+        """The overlay's function of `key`, None when it holds none. OSError: the overlay
+        folder cannot be used (the policy then compiles)."""
         slot = (arch, key.id)
         bundle = self.overlay_bundles.get(slot)
         if bundle is None:
@@ -241,6 +253,10 @@ class Registry:
                 return None
             try:
                 bundle = open_bundle(path, arch, trust=overlay.check_trust)
+            except ENVIRONMENT_REFUSALS as exc:
+                # Good for other hosts (a newer driver, other libraries): never set aside here.
+                warn_once(("overlay-unfit", str(path)), f"not using overlay entry: {exc}")
+                return None
             except BundleError as exc:  # a damaged or untrusted entry is a miss, never a crash
                 moved = overlay.set_aside(path, found)  # so that this miss's JIT can replace it
                 warn_once(
@@ -253,34 +269,11 @@ class Registry:
         return bundle.function(key.id)
 
     def resolve(self, key, arch: str, problem: dict | None = None) -> Callable:
-        """The function serving `key` on `arch`, by the current mode (see cute_aot.runtime.mode)."""
-        mode = current_mode()
-        if mode is not Mode.JIT:
-            function = self.bundle_function(key.FAMILY, key.id, arch)
-            if function is not None:
-                return function
-            if mode is Mode.AOT:
-                raise self.not_found(key, arch)
-            function = self.overlay_function(key, arch)
-            if function is not None:
-                return function
-            what = "compiling it now (JIT)" if jit.jit_available() else "JIT is not installed"
-            warn_once(
-                ("miss", arch, key.id),
-                f"no prebuilt {key.FAMILY} kernel for {problem or key.describe()} on {arch} "
-                f"(key {key.id}); {what}; recording the miss",
-            )
-            record_miss(key, arch, problem or {})
-            try:
-                return jit.compiled_function(key, arch, publish=True)
-            except JitUnavailableError:
-                raise
-            except Exception as exc:  # a broken cutlass-dsl, a compile or export error
-                raise JitUnavailableError(
-                    f"JIT of {key.FAMILY} key {key.id} for {arch} failed: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-        return jit.compiled_function(key, arch, publish=False)
+        """The function serving `key` on `arch`, by the fallback policy (runtime/policy.py);
+        no torch reference here: a miss that cannot be compiled raises JitUnavailableError."""
+        from cute_aot.runtime import policy
+
+        return policy.resolve(key.FAMILY, arch, lambda: key, lambda: problem or {}).function
 
     def not_found(self, key, arch: str) -> KernelNotFoundError:
         """Mode aot's error for a key no loaded bundle holds: what was searched, what was stale."""
@@ -301,8 +294,12 @@ class Registry:
             self.stale.clear()
             self._index.clear()
             self._tables.clear()
-            self._env_loaded = False
-        self.notify_change()
+            self._env_done.clear()
+            epoch.advance()
+
+
+# An overlay entry refused for what this machine lacks, not for what the entry is.
+ENVIRONMENT_REFUSALS = (DriverTooOldError, IncompatibleBundleError, MissingLibraryError)
 
 
 REGISTRY = Registry()

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.kernels import KernelFamily, Patch, families
-from cute_aot.runtime.misses import record_miss
+from cute_aot.runtime import policy
+from cute_aot.runtime.epoch import Resolutions
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.registry import REGISTRY
 
 __all__ = ["Serving", "install", "installed", "uninstall"]
 
@@ -30,32 +30,24 @@ class Serving:
         self.hits = 0  # lookups served from a bundle (tests and benchmarks read them)
         self.misses = 0
 
-    def on_change(self, forget: Callable[[], None]) -> None:
-        """Call `forget` whenever bundles are loaded or cleared or the mode changes: a family
-        that keeps its own table of resolved functions empties it then."""
-        REGISTRY.on_change(forget)
+    @staticmethod
+    def resolutions() -> Resolutions:
+        """A table for a family that keeps its own resolved functions: empty again whenever
+        bundles are loaded or cleared or the mode changes (runtime/epoch.py)."""
+        return Resolutions()
 
     def function(self, key, arch: str, problem: dict | None = None) -> Callable | None:
         """The bundle's function for `key` on `arch`, or None where the library should compile
-        it itself (mode auto: a miss, said once and recorded; mode jit). Mode aot raises
-        KernelNotFoundError on a miss."""
-        mode = current_mode()
-        if mode is Mode.JIT:
-            return None
-        function = REGISTRY.bundle_function(key.FAMILY, key.id, arch)
-        if function is not None:
-            self.hits += 1
-            return function
-        if mode is Mode.AOT:
-            raise REGISTRY.not_found(key, arch)
-        self.misses += 1
-        warn_once(
-            ("foreign-miss", arch, key.id),
-            f"no prebuilt {key.FAMILY} kernel for {problem or key.describe()} on {arch} (key "
-            f"{key.id}); {self.family.serves} compiles it itself; recording the miss",
+        it itself (mode auto: a miss, said once and recorded; a bundle that fails; mode jit).
+        Mode aot raises KernelNotFoundError on a miss."""
+        resolution = policy.resolve(
+            key.FAMILY, arch, lambda: key, lambda: problem or {}, serves_library=self.family.serves
         )
-        record_miss(key, arch, problem or {})
-        return None
+        if resolution.source == "bundle":
+            self.hits += 1
+        elif current_mode() is not Mode.JIT:
+            self.misses += 1
+        return resolution.function
 
 
 _lock = threading.Lock()

@@ -1,4 +1,17 @@
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    """Nothing a test does lands in the user's real cache folder: every test, and every process
+    a test starts, gets a cache dir and a miss log of this session's own (tests that need their
+    own set it again)."""
+    session_cache = tempfile.mkdtemp(prefix="cute-aot-tests-")
+    os.environ["CUTE_AOT_CACHE_DIR"] = os.path.join(session_cache, "cache")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(session_cache, "xdg")
+    os.environ.pop("CUTE_AOT_MISS_LOG", None)
 
 
 def _has_gpu() -> bool:

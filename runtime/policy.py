@@ -1,0 +1,180 @@
+"""The one fallback policy: which source serves a kernel, in which order, and which failures mean
+"try the next one".
+
+    mode auto:  bundle -> overlay cache -> JIT (published to the overlay) -> torch reference
+    mode aot:   bundle; a miss or a failure raises, naming the family, key, architecture and files
+    mode jit:   JIT only (bundles and the overlay are bypassed)
+
+For a family that serves another library's function (FlashInfer's), the step after the bundle is
+that library's own compile: `resolve` answers None.
+
+In mode auto every failure of a cache, a store or an export (a damaged bundle entry, an
+unwritable or full cache folder, an export error, a broken compiler) degrades to the next step
+with one warning and one count; the call itself never fails because of a cache. Only an explicit
+request that cannot be met raises: mode aot, mode jit without a compiler, or mode auto with no
+step left (no compiler and no reference).
+
+Counters per family (hits, misses, bypasses, degradations) are kept for operators and tests:
+`counters()`, and `aot-cache env` in this process's terms.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cute_aot.artifacts.errors import (
+    InputError,
+    JitUnavailableError,
+    UnsupportedProblemError,
+)
+from cute_aot.runtime.mode import Mode, current_mode
+from cute_aot.runtime.notices import warn_once
+
+HIT = "hits"  # served from a bundle or the overlay
+MISS = "misses"  # no prebuilt kernel: compiled here (or by the served library)
+BYPASS = "bypasses"  # mode jit: prebuilt kernels ignored on purpose
+DEGRADED = "degradations"  # a failure, or a problem no kernel serves, fell to the next step
+
+_counts: dict[str, Counter] = {}
+_counts_lock = threading.Lock()
+
+
+def count(family: str, outcome: str) -> None:
+    with _counts_lock:
+        _counts.setdefault(family, Counter())[outcome] += 1
+
+
+def counters() -> dict[str, dict[str, int]]:
+    """family -> {hits, misses, bypasses, degradations} in this process."""
+    with _counts_lock:
+        return {
+            name: {k: counted[k] for k in (HIT, MISS, BYPASS, DEGRADED)}
+            for name, counted in sorted(_counts.items())
+        }
+
+
+def reset_counters() -> None:
+    with _counts_lock:
+        _counts.clear()
+
+
+@dataclass(frozen=True)
+class Resolution:
+    function: Callable | None  # None: the served library compiles it itself
+    source: str  # "bundle" | "overlay" | "jit" | "reference" | "library"
+
+
+def _degrade(family: str, subject: tuple, message: str) -> None:
+    count(family, DEGRADED)
+    warn_once(("degraded", family, *subject), message)
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def resolve(
+    family: str,
+    arch: str,
+    find_key: Callable[[], Any],
+    details: Callable[[], dict] | None = None,
+    reference: Callable[[], Callable] | None = None,
+    serves_library: str | None = None,
+) -> Resolution:
+    """The function serving one problem on `arch`.
+
+    `find_key()` gives the problem's key (UnsupportedProblemError: no kernel of the family serves
+    it); `details()` describes the problem for messages and the miss log; `reference()` gives
+    the torch fallback (None: there is none); `serves_library`: the family serves that library's
+    function, whose own compile is the step after the bundle.
+    """
+    from cute_aot.runtime import jit
+    from cute_aot.runtime.misses import record_miss
+    from cute_aot.runtime.registry import REGISTRY
+
+    mode = current_mode()
+    try:
+        key = find_key()
+    except UnsupportedProblemError as exc:
+        if mode is not Mode.AUTO or reference is None:
+            raise
+        _degrade(family, (arch, str(exc)), f"{exc}; {family} runs its torch reference instead")
+        return Resolution(reference(), "reference")
+
+    if mode is Mode.JIT:
+        count(family, BYPASS)
+        if serves_library is not None:
+            return Resolution(None, "library")
+        return Resolution(jit.compiled_function(key, arch, publish=False), "jit")
+
+    try:
+        function = REGISTRY.bundle_function(key.FAMILY, key.id, arch)
+    except InputError:
+        raise
+    except Exception as exc:  # a damaged entry, a library that cannot be read: next step
+        if mode is Mode.AOT:
+            raise
+        function = None
+        _degrade(family, ("bundle", arch, key.id),
+                 f"bundle kernel {key.id} of {family} for {arch} is unusable ({_failure(exc)}); "
+                 "falling back")  # fmt: skip
+    if function is not None:
+        count(family, HIT)
+        return Resolution(function, "bundle")
+    if mode is Mode.AOT:
+        raise REGISTRY.not_found(key, arch)
+
+    problem = details() if details is not None else {}
+    if serves_library is not None:
+        count(family, MISS)
+        record_miss(key, arch, problem)
+        warn_once(("library-compiles", arch, key.id),
+                  f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
+                  f"{key.id}); {serves_library} compiles it itself; recording the miss")  # fmt: skip
+        return Resolution(None, "library")
+
+    try:
+        function = REGISTRY.overlay_function(key, arch)
+    except Exception as exc:  # an unwritable, full or damaged overlay folder: compile instead
+        function = None
+        _degrade(family, ("overlay", arch),
+                 f"overlay cache unusable for {family} on {arch} ({_failure(exc)}); compiling "
+                 "instead")  # fmt: skip
+    if function is not None:
+        count(family, HIT)
+        return Resolution(function, "overlay")
+
+    count(family, MISS)
+    record_miss(key, arch, problem)
+    what = "compiling it now (JIT)" if jit.jit_available() else "JIT is not installed"
+    warn_once(("miss", arch, key.id),
+              f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
+              f"{key.id}); {what}; recording the miss")  # fmt: skip
+    try:
+        return Resolution(jit.compiled_function(key, arch, publish=True), "jit")
+    except Exception as exc:  # no compiler, a broken cutlass-dsl, a compile error
+        failure = exc if isinstance(exc, JitUnavailableError) else JitUnavailableError(
+            f"JIT of {family} key {key.id} for {arch} failed: {_failure(exc)}"
+        )  # fmt: skip
+        if reference is None:
+            raise failure from (None if failure is exc else exc)
+        _degrade(family, ("jit", arch, str(failure)),
+                 f"{failure}; {family} runs its torch reference instead")  # fmt: skip
+        return Resolution(reference(), "reference")
+
+
+__all__ = [
+    "BYPASS",
+    "DEGRADED",
+    "HIT",
+    "MISS",
+    "Resolution",
+    "count",
+    "counters",
+    "reset_counters",
+    "resolve",
+]
