@@ -32,6 +32,7 @@ __all__ = [
     "foreign_facts",
     "forget_families",
     "source_hash",
+    "source_is_current",
 ]
 
 ENTRY_POINT_GROUP = "cute_aot.families"
@@ -89,6 +90,7 @@ def forget_families() -> None:
     with _lock:
         _families = None
     source_hash.cache_clear()
+    _recorded_hash.cache_clear()
     foreign_facts.cache_clear()
 
 
@@ -104,6 +106,34 @@ def family(name: str) -> KernelFamily:
     return found
 
 
+def hash_modules(modules: list[str]) -> str:
+    """sha256 over the named modules' current source files (read, never imported)."""
+    digest = hashlib.sha256()
+    for module in sorted(modules):
+        digest.update(module.encode() + b"\0" + _module_source(module) + b"\0")
+    return digest.hexdigest()
+
+
+def source_is_current(name: str, facts: dict) -> bool:
+    """Whether the installed sources of family `name` are the ones a bundle's facts recorded.
+
+    A bundle records the modules it hashed (`source_modules`), so this re-hashes exactly those
+    files: no import graph to parse at load. A module added to the graph changes a file that
+    imports it, and one removed or moved reads as absent: either way the hash differs. Bundles
+    without the list are compared with the full `source_hash`."""
+    modules = facts.get("source_modules")
+    if isinstance(modules, list) and modules and all(isinstance(m, str) for m in modules):
+        root = family(name).builder.split(".")[0]
+        if all(m.split(".")[0] == root or m == KEY_MODULE for m in modules):
+            return _recorded_hash(tuple(modules)) == facts.get("source_hash")
+    return source_hash(name) == facts.get("source_hash")
+
+
+@functools.cache
+def _recorded_hash(modules: tuple[str, ...]) -> str:
+    return hash_modules(list(modules))
+
+
 @functools.cache
 def source_hash(name: str) -> str:
     """sha256 of exactly the code that shapes a family's binaries: its builder module and every
@@ -111,10 +141,7 @@ def source_hash(name: str) -> str:
     names are in every binary). The family's pure-Python module (dispatch rule, tuned tables) is
     left out: a table tweak changes which key a problem asks for, never a key's binary, so it must
     not make deployed bundles stale. Files are read, never imported: no cutlass on servers."""
-    digest = hashlib.sha256()
-    for module in binary_modules(name):
-        digest.update(module.encode() + b"\0" + _module_source(module) + b"\0")
-    return digest.hexdigest()
+    return hash_modules(binary_modules(name))
 
 
 def binary_modules(name: str) -> list[str]:
@@ -178,7 +205,12 @@ def _imports(module: str, root: str) -> list[str]:
 def family_facts(name: str) -> dict:
     """What a bundle records about a family it holds, and what staleness compares at load."""
     found = family(name)
-    facts = {"version": found.version, "source_hash": source_hash(name), "abi": found.abi_record()}
+    facts = {
+        "version": found.version,
+        "source_hash": source_hash(name),
+        "source_modules": binary_modules(name),  # what staleness re-hashes at load
+        "abi": found.abi_record(),
+    }
     if found.requires:
         facts["foreign"] = foreign_facts(name)
     return facts

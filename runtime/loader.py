@@ -434,26 +434,45 @@ def _dynamic_from_json(data: dict) -> DynamicInfo:
 
 # -- loading -------------------------------------------------------------------------------------
 def _cache_target(sha256: str) -> Path:
-    """<cache dir>/libs/<sha256>.so, refusing anything that would lead outside the cache dir."""
+    """<cache dir>/libs/<sha256>.so, refusing anything that would lead outside the cache dir.
+    The folders are made 0700 whatever the umask: only private folders are trusted later."""
     if not SHA256_RE.match(sha256):  # read_bundle checked it; a path is built from it here
         raise BundleFormatError("<manifest>", f"library sha256 {sha256!r} is not 64 hex")
     root = paths.cache_dir()
     libs = root / "libs"
-    libs.mkdir(parents=True, exist_ok=True)
+    libs.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not libs.resolve().is_relative_to(root.resolve()):
         raise OSError(errno.EXDEV, f"{libs} is a link leading outside the cache dir")
+    for folder in (root, libs):
+        _make_private(folder)
     return libs / f"{sha256}.so"
 
 
+def _make_private(folder: Path) -> None:
+    """Take group and other write away from a cache folder of ours (made under umask 002 by an
+    older cute-aot, or by hand): with it, no library there could ever be trusted."""
+    info = os.lstat(folder)
+    if info.st_uid == os.geteuid() and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.chmod(folder, stat.S_IMODE(info.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+        warn_once(("cache-made-private", str(folder)),
+                  f"{folder} was writable by group or others; made it private (0700-like)")  # fmt: skip
+
+
 def _open_verified(target: Path, library: bytes) -> int | None:
-    """A descriptor of `target` if it is a regular file (not a link) holding exactly `library`."""
+    """A descriptor of `target` if it is a private regular file (not a link) holding exactly
+    `library`, in folders only this user can write up to the cache dir: then nobody else can
+    change its bytes between this comparison and the dlopen of the descriptor."""
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and info.st_size == len(library):
+        if (
+            private_descriptor(fd)
+            and private_folders(target, paths.cache_dir())
+            and info.st_size == len(library)
+        ):
             with os.fdopen(os.dup(fd), "rb") as handle:
                 if handle.read(len(library) + 1) == library:
                     return fd
@@ -504,20 +523,25 @@ def _load_new_library(path: Path, library: bytes, sha256: str, dynamic: DynamicI
     try:
         target = _cache_target(sha256)
         fd = _open_verified(target, library)
-        if fd is None:  # absent, or damaged/replaced: (re)write it, then verify what is there
+        if fd is None:  # absent, damaged, replaced or not private: (re)write it, then verify
             atomic_write(target, library, mode=0o555)
             fd = _open_verified(target, library)
             if fd is None:
-                raise OSError(errno.EAGAIN, f"{target} changed right after it was written")
+                raise OSError(
+                    errno.EPERM,
+                    f"{target} is not a private file of this user in private folders up to "
+                    f"{paths.cache_dir()} (others could change it before it is loaded)",
+                )
         # What was verified, for later opens (written last: the copy is only trusted with it)
         facts = {"sha256": sha256, "size": len(library), "dynamic": _dynamic_to_json(dynamic)}
         atomic_write(_facts_path(target), json.dumps(facts).encode(), mode=0o444)
         where = str(target)
     except OSError as exc:
         warn_once(
-            ("cache-unwritable", str(paths.cache_dir())),
-            f"cache dir {paths.cache_dir()} is not writable ({exc.strerror or exc}); loading "
-            "bundle libraries from anonymous in-memory files (no temporary files on disk)",
+            ("cache-unusable", str(paths.cache_dir())),
+            f"cache dir {paths.cache_dir()} cannot hold verified libraries "
+            f"({exc.strerror or exc}); loading bundle libraries from anonymous in-memory files "
+            "(no temporary files on disk; every process verifies each bundle in full)",
         )
         fd = _memory_file(library, sha256)
         where = f"memfd:cute-aot-{sha256[:16]}.so"

@@ -106,7 +106,9 @@ class FamilyOp:
         again under it (once; a second move serves this call and remembers nothing)."""
         for _ in range(2):
             started = epoch.current()
-            entry = self.resolve(problem, device)
+            entry, source = self.resolution(problem, device)
+            if source != "bundle" and REGISTRY.env_pending():
+                break  # a bundle source is unreadable for now: ask again at the next call
             if self.remember(shapes, device, entry, started):
                 break
         return entry
@@ -147,7 +149,12 @@ class FamilyOp:
         return problem
 
     def resolve(self, problem, device: int) -> tuple[Callable, tuple[int, ...]]:
-        """The function serving `problem` on CUDA device `device`, by the fallback policy."""
+        """The function serving `problem` on CUDA device `device`, and its output shape."""
+        return self.resolution(problem, device)[0]
+
+    def resolution(self, problem, device: int) -> tuple[tuple[Callable, tuple[int, ...]], str]:
+        """((function, output shape), its source) for `problem` on CUDA device `device`, by
+        the fallback policy (runtime/policy.py)."""
         family_name = self.family.name
         arch = device_arch(device)
         if arch is None:
@@ -170,7 +177,7 @@ class FamilyOp:
         function = resolution.function
         if resolution.source != "reference":
             function = self.family.bind(function, problem)
-        return function, tuple(self.family.output_shape(problem))
+        return (function, tuple(self.family.output_shape(problem))), resolution.source
 
     def preload(self, problem, device: int) -> None:
         """Resolve `problem` on `device` now and remember it for the hit path (warm-up)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from cute_aot.artifacts.errors import (
     TableError,
 )
 from cute_aot.artifacts.manifest import Manifest
-from cute_aot.kernels import families, family_facts
+from cute_aot.kernels import families, foreign_facts, source_is_current
 from cute_aot.kernels.tables import Table
 from cute_aot.runtime import epoch, overlay, paths
 from cute_aot.runtime.device import current_gpu_arch
@@ -47,17 +48,18 @@ def stale_reasons(manifest: Manifest) -> dict[str, str]:
         if kernel_family is None:
             reasons[name] = "family not installed here"
             continue
-        expected = family_facts(name)
         if not kernel_family.supports(manifest.arch):
             reasons[name] = f"{name} is built for {', '.join(kernel_family.archs)} only"
-        elif facts.get("version") != expected["version"]:
-            reasons[name] = f"family version {facts.get('version')} != {expected['version']}"
-        elif facts.get("abi") != expected["abi"]:
+        elif facts.get("version") != kernel_family.version:
+            reasons[name] = f"family version {facts.get('version')} != {kernel_family.version}"
+        elif facts.get("abi") != kernel_family.abi_record():
             reasons[name] = "exported function ABI differs from the installed family's"
-        elif facts.get("source_hash") != expected["source_hash"]:
+        elif not source_is_current(name, facts):
             reasons[name] = "kernel source hash differs from the installed package"
-        elif facts.get("foreign") != expected.get("foreign"):
-            reasons[name] = _foreign_difference(facts.get("foreign") or {}, expected["foreign"])
+        elif kernel_family.requires and facts.get("foreign") != foreign_facts(name):
+            reasons[name] = _foreign_difference(facts.get("foreign") or {}, foreign_facts(name))
+        elif not kernel_family.requires and facts.get("foreign") is not None:
+            reasons[name] = "built against other distributions: " + ", ".join(facts["foreign"])
         elif installed_dsl and not toolchain.same_cutlass_dsl(
             manifest.toolchain.get("cutlass_dsl") or {}, installed_dsl
         ):
@@ -96,6 +98,7 @@ class Registry:
         # CUTE_AOT_BUNDLES sources loaded so far: one that could not be read (a folder not
         # mounted yet, an NFS hiccup) is tried again at the next resolution, not given up on.
         self._env_done: set[str] = set()
+        self._env_retry_at = 0.0  # monotonic time before which pending sources wait
         # (arch, family) -> (dispatch table, the bundle it came from): the first loaded bundle
         # that carries one for the family decides; kernels of every bundle still serve any key.
         self._tables: dict[tuple[str, str], tuple[Table, Path]] = {}
@@ -214,9 +217,10 @@ class Registry:
         missing or cannot be read now is skipped with one warning and tried again next time;
         a bad bundle file in it is skipped for good (mode auto)."""
         pending = [s for s in settings.bundle_sources() if s not in self._env_done]
-        if not pending:
+        if not pending or time.monotonic() < self._env_retry_at:
             return
         with self._lock:
+            self._env_retry_at = 0.0
             for source in pending:
                 if source in self._env_done:
                     continue
@@ -229,9 +233,16 @@ class Registry:
                         raise
                     warn_once(("bundles-unreadable", source),
                               f"{settings.BUNDLES.name} names {source}, which cannot be read now "
-                              f"({exc.strerror or exc}); trying again at the next new shape")  # fmt: skip
+                              f"({exc.strerror or exc}); trying again every {ENV_RETRY_SECONDS} s "
+                              "while kernels fall back")  # fmt: skip
+                    self._env_retry_at = time.monotonic() + ENV_RETRY_SECONDS
                     continue
                 self._env_done.add(source)
+
+    def env_pending(self) -> bool:
+        """Whether a CUTE_AOT_BUNDLES source could not be read yet: resolutions that fell back
+        are then not remembered, so that the source is tried again (every ENV_RETRY_SECONDS)."""
+        return any(s not in self._env_done for s in settings.bundle_sources())
 
     # -- resolution ------------------------------------------------------------------------------
     def bundle_function(self, family: str, key_id: str, arch: str) -> Callable | None:
@@ -298,6 +309,7 @@ class Registry:
             epoch.advance()
 
 
+ENV_RETRY_SECONDS = 1.0
 # An overlay entry refused for what this machine lacks, not for what the entry is.
 ENVIRONMENT_REFUSALS = (DriverTooOldError, IncompatibleBundleError, MissingLibraryError)
 

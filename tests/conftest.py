@@ -72,7 +72,8 @@ def stub_bundles(tmp_path_factory):
 @pytest.fixture
 def fresh_runtime(tmp_path, monkeypatch):
     """A clean process-wide runtime with its own cache dir and miss log."""
-    from cute_aot.runtime import REGISTRY, jit, set_mode
+    from cute_aot.runtime import REGISTRY, jit, policy, set_mode
+    from cute_aot.runtime.misses import forget_recorded
     from cute_aot.runtime.notices import forget
 
     monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
@@ -83,6 +84,8 @@ def fresh_runtime(tmp_path, monkeypatch):
     jit.forget_compiled()
     set_mode(None)
     forget()
+    forget_recorded()
+    policy.reset_counters()
     yield tmp_path / "cache"
     REGISTRY.clear()
     set_mode(None)
