@@ -9,32 +9,45 @@ Layout (little-endian):
     manifest  canonical JSON (readable without touching the payload)
     payload   zstd-compressed shared library, exactly manifest.payload.size bytes
 
-Reading checks, in order: magic, version, lengths, manifest hash, schema and field formats (hashes
-are hex, symbols are identifiers: nothing path-like), payload size and hash, bounded decompression,
-library size and hash. Nothing is ever loaded before all pass; every failure is a BundleError.
+Reading checks, in order: a regular file (opened without blocking), magic, version, lengths,
+manifest hash, schema and field formats (hashes are hex, symbols are identifiers: nothing
+path-like), size limits, the file's size against the manifest's, payload hash, bounded
+decompression, library size and hash. The manifest-only reader makes every check up to the file
+size, so a truncated file is refused by it too. Nothing is ever loaded before all pass; every
+failure is a BundleError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 import zstandard
 
 from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.artifacts.errors import BundleError, BundleFormatError, BundleIntegrityError
+from cute_aot.artifacts.errors import (
+    BundleError,
+    BundleFormatError,
+    BundleIntegrityError,
+    BundleSizeError,
+)
 from cute_aot.artifacts.manifest import FORMAT_VERSION, Manifest
 
 MAGIC = b"CUTEAOT\0"
 _HEADER = struct.Struct("<8sIIQ32s")
 MAX_MANIFEST_BYTES = 64 << 20
-MAX_LIBRARY_BYTES = 4 << 30
+# A 1000-kernel bundle's library is ~13 MB (README, cold start) and the largest family build,
+# MXFP8 with every tactic, ~2 MB per architecture: 512 MiB leaves ~40x headroom, while what a
+# forged manifest can make a reader hold stays well inside a server's memory.
+MAX_LIBRARY_BYTES = 512 << 20
 # Real libraries compress 3-5x; a payload claiming far more is a decompression bomb.
 MAX_COMPRESSION_RATIO = 1000
 MAX_WINDOW_BYTES = 1 << 27  # zstd's own default limit, stated so it cannot drift upwards
@@ -106,6 +119,40 @@ def rewrite_manifest(path: str | Path, manifest: Manifest) -> Manifest:
     return manifest
 
 
+@contextlib.contextmanager
+def _open_regular(path: Path) -> Iterator[tuple[BinaryIO, int]]:
+    """(reader, size) of a regular file. O_NONBLOCK: open() of a FIFO blocks until a writer comes
+    (forever, in a bundle folder), so it is opened without waiting and refused by fstat, as are
+    devices and sockets; links to regular files are followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BundleFormatError(path, f"cannot read ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(info.st_mode), "not a file")
+            raise BundleFormatError(path, f"cannot read: not a regular file ({kind})")
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        try:
+            yield handle, info.st_size
+        except OSError as exc:
+            raise BundleFormatError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+_FILE_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
 def _read_header(path: Path, handle) -> tuple[int, bytes]:
     raw = handle.read(_HEADER.size)
     if len(raw) < _HEADER.size:
@@ -127,16 +174,11 @@ def _read_header(path: Path, handle) -> tuple[int, bytes]:
 def read_manifest(path: str | Path) -> Manifest:
     """The manifest, checked against its hash, schema and field formats; the payload is not read."""
     path = Path(path)
-    try:
-        with open(path, "rb") as handle:
-            return _read_manifest(path, handle)
-    except OSError as exc:
-        raise BundleFormatError(path, f"cannot read ({exc.strerror or exc})") from None
+    with _open_regular(path) as (handle, size):
+        return _read_manifest(path, handle, size)
 
 
-def _read_manifest(path: Path, handle) -> Manifest:
-    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-        raise BundleFormatError(path, "not a regular file")  # a FIFO or device would block
+def _read_manifest(path: Path, handle, file_size: int) -> Manifest:
     manifest_len, manifest_hash = _read_header(path, handle)
     raw = handle.read(manifest_len)
     if len(raw) != manifest_len:
@@ -145,11 +187,43 @@ def _read_manifest(path: Path, handle) -> Manifest:
         raise BundleIntegrityError(path, "manifest hash mismatch (manifest corrupted)")
     manifest = Manifest.from_json(raw, str(path))
     check_fields(path, manifest)
+    _check_limits(path, manifest)
+    # Cheap, and the trusted fast path reads nothing else: a cut-short copy must not pass it.
+    _check_file_size(path, file_size, _HEADER.size + manifest_len + manifest.payload["size"])
     return manifest
 
 
-def read_bundle(path: str | Path, check: ManifestCheck | None = None) -> tuple[Manifest, bytes]:
-    """Manifest and library bytes, every hash and size verified.
+def _check_limits(path: Path, manifest: Manifest) -> None:
+    """Sizes no real bundle has, refused before anything is decompressed or allocated."""
+    payload_size, library_size = manifest.payload["size"], manifest.library["size"]
+    if library_size > MAX_LIBRARY_BYTES:
+        raise BundleFormatError(
+            path, f"library size {library_size} exceeds the limit of {MAX_LIBRARY_BYTES} bytes"
+        )
+    if payload_size > MAX_LIBRARY_BYTES:  # real payloads are smaller than their libraries
+        raise BundleFormatError(
+            path, f"payload size {payload_size} exceeds the limit of {MAX_LIBRARY_BYTES} bytes"
+        )
+    if library_size > MAX_COMPRESSION_RATIO * max(payload_size, 1):
+        raise BundleFormatError(
+            path,
+            f"a {payload_size}-byte payload claims a {library_size}-byte library "
+            f"(over {MAX_COMPRESSION_RATIO}x: refused as a decompression bomb)",
+        )
+
+
+def _check_file_size(path: Path, have: int, want: int) -> None:
+    if have != want:
+        what = "truncated payload" if have < want else "trailing bytes after the payload"
+        raise BundleSizeError(
+            path,
+            f"file is {have} bytes, its manifest says {want} (header, manifest, payload): {what}",
+        )
+
+
+def read_bundle(path: str | Path, check: ManifestCheck | None = None) -> tuple[Manifest, bytearray]:
+    """Manifest and library bytes, every hash and size verified. The library is the bytearray it
+    was inflated into: a copy to `bytes` would hold it twice.
 
     `check(path, manifest)` runs once the manifest is verified and before the payload is read
     or decompressed (the runtime refuses untrusted or incompatible bundles there, cheaply).
@@ -158,17 +232,13 @@ def read_bundle(path: str | Path, check: ManifestCheck | None = None) -> tuple[M
     return manifest, library
 
 
-def _read_verified(path: Path, check: ManifestCheck | None) -> tuple[Manifest, bytes, bytes]:
-    try:
-        with open(path, "rb") as handle:
-            manifest = _read_manifest(path, handle)
-            if check is not None:
-                check(path, manifest)
-            # Never ask for more than the file holds: the size is the writer's claim.
-            left = os.fstat(handle.fileno()).st_size - handle.tell()
-            payload = handle.read(min(manifest.payload["size"], left) + 1)
-    except OSError as exc:
-        raise BundleFormatError(path, f"cannot read ({exc.strerror or exc})") from None
+def _read_verified(path: Path, check: ManifestCheck | None) -> tuple[Manifest, bytes, bytearray]:
+    with _open_regular(path) as (handle, size):
+        manifest = _read_manifest(path, handle, size)
+        if check is not None:
+            check(path, manifest)
+        # The file's size matched; one byte more tells a file that grew since.
+        payload = handle.read(manifest.payload["size"] + 1)
     return manifest, payload, _unpack_library(path, manifest, payload)
 
 
@@ -224,54 +294,55 @@ def _check_toolchain(path: Path, toolchain: dict) -> None:
             raise BundleFormatError(path, f"toolchain cutlass_dsl[{dist!r}] must be a version")
 
 
-def _unpack_library(path: Path, manifest: Manifest, payload: bytes) -> bytes:
-    payload_size = manifest.payload["size"]
-    library_size = manifest.library["size"]
+def _unpack_library(path: Path, manifest: Manifest, payload: bytes) -> bytearray:
+    """The library, from a payload read after _read_manifest checked the sizes and limits."""
     if manifest.payload["codec"] != "zstd":
         raise BundleFormatError(path, f"unknown payload codec {manifest.payload['codec']!r}")
-    if len(payload) < payload_size:
-        raise BundleFormatError(path, f"truncated payload: {len(payload)} of {payload_size} bytes")
-    if len(payload) > payload_size:
-        raise BundleFormatError(path, "trailing bytes after the payload")
+    if len(payload) != manifest.payload["size"]:  # the file changed after its size was checked
+        what = "truncated payload" if len(payload) < manifest.payload["size"] else "trailing bytes"
+        raise BundleSizeError(
+            path,
+            f"{what}: read {len(payload)} payload bytes, manifest says {manifest.payload['size']}",
+        )
     if sha256(payload) != manifest.payload["sha256"]:
         raise BundleIntegrityError(path, "payload hash mismatch (payload corrupted)")
-    if library_size > MAX_LIBRARY_BYTES:
-        raise BundleFormatError(path, f"library size {library_size} exceeds the limit")
-    if library_size > MAX_COMPRESSION_RATIO * max(payload_size, 1):
-        raise BundleFormatError(
-            path,
-            f"a {payload_size}-byte payload claims a {library_size}-byte library "
-            f"(over {MAX_COMPRESSION_RATIO}x: refused as a decompression bomb)",
-        )
-    library = _decompress_bounded(path, payload, library_size)
+    library = _decompress_bounded(path, payload, manifest.library["size"])
     if sha256(library) != manifest.library["sha256"]:
         raise BundleIntegrityError(path, "library hash mismatch")
     return library
 
 
-def _decompress_bounded(path: Path, payload: bytes, library_size: int) -> bytes:
-    """Inflate at most library_size + 1 bytes, whatever the frame claims.
+def _decompress_bounded(path: Path, payload: bytes, library_size: int) -> bytearray:
+    """Inflate at most library_size + 1 bytes, whatever the frame claims, into one buffer.
 
-    stream_reader.read(n) may return fewer than n bytes, so read until end of stream, never asking
-    for more than one byte past the promised size (that one byte detects an overlong payload).
+    The buffer grows with what actually inflates (realloc extends large blocks in place, by
+    mremap) instead of being made at the declared size: bytearray(n) writes n zeros, so a payload
+    that lies would cost its whole declaration before its first byte is read. Chunks are never
+    collected and joined (two copies). stream_reader.read(n) may return fewer than n bytes, so
+    read until end of stream, never asking for more than one byte past the promised size (that
+    one byte detects an overlong payload).
     """
-    chunks, total = [], 0
+    library = bytearray()
     try:
         decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
         # Across frames: bytes after the first frame are read too, so they cannot hide.
         with decompressor.stream_reader(payload, read_across_frames=True) as reader:
-            while total <= library_size:
-                chunk = reader.read(min(_DECOMPRESS_CHUNK, library_size + 1 - total))
+            while len(library) <= library_size:
+                chunk = reader.read(min(_DECOMPRESS_CHUNK, library_size + 1 - len(library)))
                 if not chunk:
                     break
-                chunks.append(chunk)
-                total += len(chunk)
+                library += chunk
     except zstandard.ZstdError as exc:
         raise BundleIntegrityError(path, f"payload does not decompress ({exc})") from None
-    if total != library_size:
+    except MemoryError:
+        del library  # the error's traceback keeps this frame alive: free the buffer now
+        raise BundleIntegrityError(
+            path, f"not enough memory to decompress its {library_size}-byte library"
+        ) from None
+    if len(library) != library_size:
+        more = "more than " if len(library) > library_size else ""
         raise BundleIntegrityError(
             path,
-            f"library decompresses to {'more than ' if total > library_size else ''}{total} "
-            f"bytes, manifest says {library_size}",
+            f"library decompresses to {more}{len(library)} bytes, manifest says {library_size}",
         )
-    return b"".join(chunks)
+    return library

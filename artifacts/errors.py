@@ -28,6 +28,11 @@ class BundleIntegrityError(BundleError):
     """A hash or size recorded in the manifest does not match the bytes."""
 
 
+class BundleSizeError(BundleIntegrityError, BundleFormatError):
+    """The file is not as long as its manifest says (truncated, or bytes appended). Also a
+    BundleFormatError, which is what such files raised before the size was checked up front."""
+
+
 class IncompatibleBundleError(BundleError):
     """A sound bundle that does not fit this machine (GPU architecture, toolchain)."""
 

@@ -21,6 +21,7 @@ _EXPORTS = {
     "current_mode": "cute_aot.runtime.mode",
     "op": "cute_aot.runtime.ops",
     "forget_resolutions": "cute_aot.runtime.ops",
+    "counters": "cute_aot.runtime.policy",
     "REGISTRY": "cute_aot.runtime.registry",
     "load_bundles": "cute_aot.runtime.registry",
     "StaleBundleError": "cute_aot.artifacts.errors",

@@ -9,21 +9,19 @@ Everything is checked before any dlopen, in this order:
      every entry, needs only allowed libraries that this process can resolve, and only glibc
      versions this machine has (artifacts/verify.py, here).
 
-Never imports cutlass. The library is written once into the cache dir under its sha256 (atomic,
-so concurrent servers never see a partial file), then opened without following links, compared
+Never imports cutlass. The verified library is kept in a library store (runtime/library_store.py):
+written once into the cache dir under its sha256 (atomic, so concurrent servers never see a
+partial file), opened without following links, used only when nobody else could change it, compared
 byte for byte with the verified library and dlopened through that open descriptor: what is loaded
-is exactly what was verified, even if someone swaps the cache file meanwhile. Where the cache dir
-is not writable it is loaded from an anonymous in-memory file: nothing is written elsewhere.
+is exactly what was verified. Where the cache dir cannot hold it (unwritable, full, shared with
+others) it is loaded from an anonymous in-memory file: nothing is written elsewhere.
 """
 
 from __future__ import annotations
 
-import errno
 import glob
-import json
 import os
 import re
-import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,11 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from cute_aot.artifacts import settings, signing, toolchain
-from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.artifacts.bundle import SHA256_RE, read_bundle, read_manifest
+from cute_aot.artifacts.bundle import read_bundle, read_manifest
 from cute_aot.artifacts.elf import DynamicInfo
 from cute_aot.artifacts.errors import (
-    BundleFormatError,
     DriverTooOldError,
     IncompatibleBundleError,
     KernelNotFoundError,
@@ -52,9 +48,8 @@ from cute_aot.artifacts.verify import (
 )
 from cute_aot.kernels import families
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
-from cute_aot.runtime import device, paths
+from cute_aot.runtime import device, library_store, paths
 from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.private_files import private_descriptor, private_folders
 
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
 ManifestCheck = Callable[[Path, Manifest], None]
@@ -348,11 +343,12 @@ def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
         if loaded is not None:
             check_dynamic(path, manifest, loaded[2])  # this manifest's entries are all exported
         else:
-            copy = _verified_copy(slot[0])
+            copy = library_store.store().verified_copy(slot[0])
             if copy is None:
                 return None
-            fd, where, dynamic = copy
+            fd, where, facts = copy
             try:
+                dynamic = _dynamic_from_json(facts["dynamic"])
                 check_dynamic(path, manifest, dynamic)
                 _import_tvm_ffi(path)
                 check_dependencies(path, dynamic)
@@ -364,48 +360,6 @@ def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
     return LoadedBundle(
         path, manifest, where, module, manifest.entry_by_id(), signer, installed_key_class
     )
-
-
-def _facts_path(library: Path) -> Path:
-    return library.with_name(f"{library.stem}.verified.json")
-
-
-def _verified_copy(sha256: str) -> tuple[int, str, DynamicInfo] | None:
-    """(descriptor, path, dynamic facts) of <cache>/libs/<sha256>.so when it and the facts
-    recorded when it was verified are private files (see runtime/private_files)."""
-    if not SHA256_RE.match(sha256):
-        return None
-    root = paths.cache_dir()
-    target = root / "libs" / f"{sha256}.so"
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if private_descriptor(fd) and private_folders(target, root):
-            facts = _read_private_json(_facts_path(target))
-            if (
-                facts
-                and facts.get("sha256") == sha256
-                and facts.get("size") == os.fstat(fd).st_size
-            ):
-                return fd, str(target), _dynamic_from_json(facts["dynamic"])
-    except (OSError, KeyError, TypeError, ValueError):
-        pass
-    os.close(fd)
-    return None
-
-
-def _read_private_json(path: Path) -> dict | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        if not private_descriptor(handle.fileno()):
-            return None
-        data = json.loads(handle.read(1 << 24))
-    return data if isinstance(data, dict) else None
 
 
 def _dynamic_to_json(info: DynamicInfo) -> dict:
@@ -433,62 +387,6 @@ def _dynamic_from_json(data: dict) -> DynamicInfo:
 
 
 # -- loading -------------------------------------------------------------------------------------
-def _cache_target(sha256: str) -> Path:
-    """<cache dir>/libs/<sha256>.so, refusing anything that would lead outside the cache dir.
-    The folders are made 0700 whatever the umask: only private folders are trusted later."""
-    if not SHA256_RE.match(sha256):  # read_bundle checked it; a path is built from it here
-        raise BundleFormatError("<manifest>", f"library sha256 {sha256!r} is not 64 hex")
-    root = paths.cache_dir()
-    libs = root / "libs"
-    libs.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not libs.resolve().is_relative_to(root.resolve()):
-        raise OSError(errno.EXDEV, f"{libs} is a link leading outside the cache dir")
-    for folder in (root, libs):
-        _make_private(folder)
-    return libs / f"{sha256}.so"
-
-
-def _make_private(folder: Path) -> None:
-    """Take group and other write away from a cache folder of ours (made under umask 002 by an
-    older cute-aot, or by hand): with it, no library there could ever be trusted."""
-    info = os.lstat(folder)
-    if info.st_uid == os.geteuid() and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        os.chmod(folder, stat.S_IMODE(info.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
-        warn_once(("cache-made-private", str(folder)),
-                  f"{folder} was writable by group or others; made it private (0700-like)")  # fmt: skip
-
-
-def _open_verified(target: Path, library: bytes) -> int | None:
-    """A descriptor of `target` if it is a private regular file (not a link) holding exactly
-    `library`, in folders only this user can write up to the cache dir: then nobody else can
-    change its bytes between this comparison and the dlopen of the descriptor."""
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if (
-            private_descriptor(fd)
-            and private_folders(target, paths.cache_dir())
-            and info.st_size == len(library)
-        ):
-            with os.fdopen(os.dup(fd), "rb") as handle:
-                if handle.read(len(library) + 1) == library:
-                    return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
-
-
-def _memory_file(library: bytes, sha256: str) -> int:
-    fd = os.memfd_create(f"cute-aot-{sha256[:16]}.so", os.MFD_CLOEXEC)
-    with os.fdopen(os.dup(fd), "wb") as handle:
-        handle.write(library)
-    return fd
-
-
 def _dlopen_descriptor(path: Path, fd: int):
     """dlopen through /proc/self/fd/N: the file we verified, whatever its name points to now.
 
@@ -520,31 +418,11 @@ def _load_new_library(path: Path, library: bytes, sha256: str, dynamic: DynamicI
     """On success the descriptor stays open for the life of the process: glibc recognises an
     already-loaded library by the name it was opened with, and a reused /proc/self/fd/N would
     hand back another library. One descriptor per distinct library (see _loaded)."""
+    facts = {"sha256": sha256, "size": len(library), "dynamic": _dynamic_to_json(dynamic)}
     try:
-        target = _cache_target(sha256)
-        fd = _open_verified(target, library)
-        if fd is None:  # absent, damaged, replaced or not private: (re)write it, then verify
-            atomic_write(target, library, mode=0o555)
-            fd = _open_verified(target, library)
-            if fd is None:
-                raise OSError(
-                    errno.EPERM,
-                    f"{target} is not a private file of this user in private folders up to "
-                    f"{paths.cache_dir()} (others could change it before it is loaded)",
-                )
-        # What was verified, for later opens (written last: the copy is only trusted with it)
-        facts = {"sha256": sha256, "size": len(library), "dynamic": _dynamic_to_json(dynamic)}
-        atomic_write(_facts_path(target), json.dumps(facts).encode(), mode=0o444)
-        where = str(target)
-    except OSError as exc:
-        warn_once(
-            ("cache-unusable", str(paths.cache_dir())),
-            f"cache dir {paths.cache_dir()} cannot hold verified libraries "
-            f"({exc.strerror or exc}); loading bundle libraries from anonymous in-memory files "
-            "(no temporary files on disk; every process verifies each bundle in full)",
-        )
-        fd = _memory_file(library, sha256)
-        where = f"memfd:cute-aot-{sha256[:16]}.so"
+        fd, where = library_store.store().keep(sha256, library, facts)
+    except OSError as exc:  # unwritable, read-only, full, or others could write there
+        fd, where = library_store.give_up_folder(exc).keep(sha256, library, facts)
     try:
         return _dlopen_descriptor(path, fd), where
     except BaseException:

@@ -27,11 +27,14 @@ def bundle_search_paths() -> list[Path]:
 
 
 def expand_bundle_paths(paths: list[Path]) -> list[Path]:
-    """Folders become the bundle files directly inside them, sorted by name."""
+    """Folders become the bundle files directly inside them, sorted by name: regular files only
+    (links to them too), since opening a FIFO someone left there would block its reader."""
     found = []
     for path in paths:
         if path.is_dir():
-            found += sorted(p for p in path.iterdir() if p.name.endswith(BUNDLE_SUFFIX))
+            found += sorted(
+                p for p in path.iterdir() if p.name.endswith(BUNDLE_SUFFIX) and p.is_file()
+            )
         else:
             found.append(path)
     return found

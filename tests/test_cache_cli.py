@@ -30,7 +30,7 @@ from cute_aot.kernels.router_gemm import RouterProblem, dispatch
 from cute_aot.runtime import overlay
 from cute_aot.runtime.aot_cache import gc as overlay_gc
 from cute_aot.runtime.aot_cache.cli import main, parse_age, parse_size
-from cute_aot.runtime.misses import record_miss
+from cute_aot.runtime.misses import forget_recorded, record_miss
 
 from .conftest import PROBLEMS
 
@@ -91,6 +91,12 @@ def with_entries(manifest: Manifest, entries) -> Manifest:
 
 def entry_for(manifest: Manifest, problem) -> Entry:
     return manifest.entry_by_id()[dispatch(*problem, manifest.arch).id]
+
+
+def shape_text(problem) -> str:
+    """(M, K, N), as RouterProblem holds it -> `M,N,K`, as explain reads it."""
+    m, k, n = problem
+    return f"{m},{n},{k}"
 
 
 # -- ls ------------------------------------------------------------------------------------------
@@ -317,7 +323,7 @@ def test_verify_with_nothing_to_verify_fails():
 @pytest.mark.parametrize("problem", PROBLEMS)
 def test_explain_finds_the_bundle_entry_for_each_shape(bundles, problem):
     folder, by_arch = bundles
-    shape = ",".join(map(str, problem))
+    shape = shape_text(problem)
     report = run_json("explain", "router_gemm", "--shape", shape, "--bundle", folder)
     decisions = {d["arch"]: d for d in report["decisions"]}
     assert set(decisions) == {"sm_90a", "sm_100a", "sm_103a"}
@@ -335,14 +341,14 @@ def test_explain_finds_the_bundle_entry_for_each_shape(bundles, problem):
 
 def test_explain_uses_the_tuned_table_and_says_so():
     # sm100 table (tuned.json): (K=4096, N=256) at M=8 -> split_k 8, 5 stages
-    [decision] = run_json("explain", "router_gemm", "--shape", "8,4096,256", "--arch", "sm_100a")[
+    [decision] = run_json("explain", "router_gemm", "--shape", "8,256,4096", "--arch", "sm_100a")[
         "decisions"
     ]
     assert decision["key"]["split_k"] == 8 and decision["key"]["num_stages"] == 5
     assert "table row (K=4096, N=256, M in [5, 8])" in decision["dispatch"]
     assert "package defaults (router_gemm/tuned.json)" in decision["dispatch"]
     # sm_90a: the table aot-tune measured on an H200, named with its provenance
-    [decision] = run_json("explain", "router_gemm", "--shape", "8,4096,256", "--arch", "sm_90a")[
+    [decision] = run_json("explain", "router_gemm", "--shape", "8,256,4096", "--arch", "sm_90a")[
         "decisions"
     ]
     assert "table row (K=4096, N=256, M in [8])" in decision["dispatch"]
@@ -355,7 +361,7 @@ def test_explain_follows_the_miss_path(bundles, isolated):
         "explain",
         "router_gemm",
         "--shape",
-        "3,2880,128",
+        "3,128,2880",
         "--arch",
         "sm_90a",
         "--bundle",
@@ -385,7 +391,7 @@ def test_explain_skips_a_stale_bundle_and_a_named_file_of_another_arch(bundles, 
         return dataclasses.replace(manifest, families=families)
 
     stale = rewrite(by_arch["sm_90a"], tmp_path / "stale.cuteaot", other_sources)
-    shape = ",".join(map(str, DOT))
+    shape = shape_text(DOT)
     report = run_json(
         "explain",
         "router_gemm",
@@ -406,10 +412,10 @@ def test_explain_skips_a_stale_bundle_and_a_named_file_of_another_arch(bundles, 
 
 
 def test_explain_refuses_bad_problems():
-    assert "M,K,N" in run("explain", "router_gemm", "--shape", "12x7168", code=2).output
-    bad_k = run("explain", "router_gemm", "--shape", "2,7167,256", code=1)
+    assert "M,N,K" in run("explain", "router_gemm", "--shape", "12x7168", code=2).output
+    bad_k = run("explain", "router_gemm", "--shape", "2,256,7167", code=1)
     assert "K % 8 == 0" in bad_k.stderr
-    fp16 = run("explain", "router_gemm", "--shape", "2,4096,256", "--dtype", "fp16", code=1)
+    fp16 = run("explain", "router_gemm", "--shape", "2,256,4096", "--dtype", "fp16", code=1)
     assert "x float16" in fp16.stderr
 
 
@@ -522,14 +528,14 @@ def test_explain_reads_router_dtypes_as_before():
     expected = family("router_gemm").dispatch(problem, "sm_90a")
     for dtype in ([], ["--dtype", "bf16"], ["--dtype", "bf16,bfloat16"]):
         report = run_json(
-            "explain", "router_gemm", "--shape", "5,4096,256", "--arch", "sm_90a", *dtype
+            "explain", "router_gemm", "--shape", "5,256,4096", "--arch", "sm_90a", *dtype
         )
         [decision] = report["decisions"]
         assert decision["dispatch"] == expected.reason and decision["key_id"] == expected.key.id
         assert report["problem"] == {
             "m": 5, "k": 4096, "n": 256, "x_dtype": "bfloat16", "w_dtype": "bfloat16"
         }  # fmt: skip
-    bad = run("explain", "router_gemm", "--shape", "5,4096,256", "--dtype", "a,b,c", code=2)
+    bad = run("explain", "router_gemm", "--shape", "5,256,4096", "--dtype", "a,b,c", code=2)
     assert "is not DTYPE or X_DTYPE,W_DTYPE" in bad.output
 
 
@@ -577,6 +583,7 @@ def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, monkeypatch)
     missed = [(3, 2880, 128, "sm_90a")] * 3 + [(2, 2880, 128, "sm_90a"), (3, 2880, 128, "sm_100a")]
     missed += [(*SPLITK, "sm_90a")]  # a key the bundles hold (an older release missed it)
     for m, k, n, arch in missed:
+        forget_recorded()  # each record as another server process writes it (once per key)
         record_miss(dispatch(m, k, n, arch), arch, {"m": m, "k": k, "n": n})
         time.sleep(0.001)
     with open(log, "a") as handle:

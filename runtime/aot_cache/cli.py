@@ -43,6 +43,7 @@ from cute_aot.runtime.aot_cache.inventory import (
     entry_fatbin,
     entry_matching,
     environment,
+    no_bundles_found,
     order_problem,
     read_manifests,
 )
@@ -109,6 +110,10 @@ def ls_command(bundle_paths, no_overlay, as_json):
     results follows. Exit status 1 if a bundle cannot be read.
     """
     rows = [bundle_summary(path, source) for path, source, _ in bundle_sources(bundle_paths)]
+    if not rows:  # on stderr: --json output stays parseable
+        click.echo(
+            f"aot-cache: {no_bundles_found(bundle_paths, 'aot-cache ls bundles/')}", err=True
+        )
     overlay_rows = [] if no_overlay else gc.overlay_summary()
     if as_json:
         root = str(overlay.overlay_root())
@@ -121,11 +126,8 @@ def ls_command(bundle_paths, no_overlay, as_json):
 
 def _print_ls(rows: list[dict], overlay_rows: list[dict]) -> None:
     console = make_console()
-    if not rows and not overlay_rows:
-        console.print(
-            f"No bundles found: pass bundle files or folders, or set {paths.BUNDLES_ENV}. "
-            f"The overlay cache ({overlay.overlay_root()}) is empty."
-        )
+    if not rows and not overlay_rows:  # ls_command said that no bundle was found
+        console.print(f"The overlay cache ({overlay.overlay_root()}) is empty.")
         return
     table = make_table(
         "cute-aot bundles",
@@ -392,7 +394,8 @@ def _family_param(ctx, param, value: str) -> KernelFamily:
 @click.option(
     "--shape",
     required=True,
-    help="The problem, as the family reads it (the family's error says its form, e.g. M,K,N).",
+    help="The problem, as the family reads it: its dims in order (a GEMM's M,N,K: x [M, K], "
+    "w [N, K]) or named in any order (M=12,N=256,K=7168); the family's error says its form.",
 )
 @click.option(
     "--dtype",
@@ -432,7 +435,9 @@ def explain_command(family, shape, dtype_text, archs, bundle_paths, mode_name, a
         hint = "--shape" if dtype_text is None else "--shape/--dtype"
         raise click.BadParameter(str(exc), param_hint=hint) from None
     mode = parse_mode(mode_name) if mode_name else current_mode()
-    bundles = read_manifests(bundle_paths)
+    bundles = read_manifests(bundle_paths)  # the runtime's search order (inventory.bundle_sources)
+    if not bundles:  # else every decision reads as a miss, even for a kernel just built
+        click.echo(f"aot-cache: {no_bundles_found(bundle_paths, '--bundle bundles/')}", err=True)
     decisions = [
         explain.explain(family, problem, arch, mode, bundles) for arch in archs or family.archs
     ]

@@ -47,6 +47,7 @@ from cute_aot.aot.build_cache import CACHE_SUBDIR
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 from cute_aot.kernels import families
 from cute_aot.runtime import overlay, paths
+from cute_aot.runtime.library_store import FACTS_SUFFIX  # beside each library
 
 CACHES = ("build", "libs", "overlay")
 OTHER = "other"  # temporaries elsewhere in the cache dir (keys/, ...)
@@ -55,7 +56,6 @@ TEMPORARY_DEBRIS_S = 3600.0  # a temporary this old was left by a killed writer
 MAX_DEPTH = 8  # the caches are 3 folders deep; a deeper tree is not ours to walk
 
 LIBRARY_SUFFIX = ".so"
-FACTS_SUFFIX = ".verified.json"  # loader._facts_path
 RECORD_SUFFIX = ".json"  # build_cache: the record beside each entry's data
 BUILD_DATA_SUFFIXES = {"objects": ".o", "bundles": BUNDLE_SUFFIX}
 _HEX64 = re.compile(r"[0-9a-f]{64}")

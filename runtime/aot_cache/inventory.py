@@ -59,6 +59,21 @@ def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
     return found
 
 
+def no_bundles_found(given: tuple[str, ...], example: str) -> str:
+    """One line for when bundle_sources found nothing: where it looked, and how to name the
+    folder (`example`, as the command takes it): else a kernel just built reads as a JIT miss."""
+    if given:
+        where = f"in {', '.join(given)}"
+    elif settings.BUNDLES.raw():
+        where = f"in {paths.BUNDLES_ENV} ({settings.BUNDLES.raw()})"
+    else:
+        where = f"({paths.BUNDLES_ENV} is unset and no bundle was named)"
+    return (
+        f"no bundles found {where}: name the folder aot-build wrote ({example}) or set "
+        f"{paths.BUNDLES_ENV}=bundles/, as a server would"
+    )
+
+
 def read_manifests(given: tuple[str, ...]) -> list[BundleSource]:
     """Each bundle of bundle_sources with its manifest, or why it cannot be read."""
     found = []
