@@ -37,6 +37,10 @@ class IncompatibleBundleError(BundleError):
     """A sound bundle that does not fit this machine (GPU architecture, toolchain)."""
 
 
+class OtherArchError(IncompatibleBundleError):
+    """Built for another GPU architecture than the one asked for (a folder's other bundles)."""
+
+
 class MissingLibraryError(IncompatibleBundleError):
     """The bundle's library needs a shared library this machine cannot provide; `library` names it."""
 

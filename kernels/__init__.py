@@ -31,64 +31,96 @@ __all__ = [
     "family_facts",
     "foreign_facts",
     "forget_families",
+    "installed_family",
+    "registered",
     "source_hash",
     "source_is_current",
 ]
 
 ENTRY_POINT_GROUP = "cute_aot.families"
 
-_lock = threading.Lock()
-_families: dict[str, KernelFamily] | None = None
+_lock = threading.RLock()
+_points: dict[str, metadata.EntryPoint] | None = None  # name -> its entry point, found once
+_loaded: dict[str, KernelFamily | None] = {}  # name -> the family, None: left out (warned)
 
 
-def _discover() -> dict[str, KernelFamily]:
-    found: dict[str, KernelFamily] = {}
-    for point in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
-        package = point.dist.name if point.dist else point.value
-        try:
-            candidate = point.load()
-            if isinstance(candidate, type):
-                candidate = candidate()
-            if not isinstance(candidate, KernelFamily):
-                raise TypeError(
-                    f"{point.value} is a {type(candidate).__name__}, not a KernelFamily"
-                )
-            if candidate.name != point.name:
-                raise ValueError(f"{point.value} is named {candidate.name!r}, not {point.name!r}")
-        except Exception as exc:  # one broken plug-in must not take the others down
-            warnings.warn(
-                f"cute-aot: kernel family {point.name!r} from package {package!r} "
-                f"({point.value}) is left out: {type(exc).__name__}: {exc}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            continue
-        if point.name in found:
-            warnings.warn(
-                f"cute-aot: kernel family {point.name!r} is registered twice; "
-                f"{package!r} ({point.value}) is ignored",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            continue
-        found[point.name] = candidate
-    return found
+def _warn(message: str) -> None:
+    warnings.warn(f"cute-aot: {message}", RuntimeWarning, stacklevel=4)
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    """name -> entry point of every registered family (reading metadata, importing nothing)."""
+    global _points
+    with _lock:
+        if _points is None:
+            found: dict[str, metadata.EntryPoint] = {}
+            points = metadata.entry_points(group=ENTRY_POINT_GROUP)
+            for point in sorted(points, key=lambda p: p.name):
+                if point.name in found:
+                    _warn(f"kernel family {point.name!r} is registered twice; "
+                          f"{_package(point)!r} ({point.value}) is ignored")  # fmt: skip
+                    continue
+                found[point.name] = point
+            _points = found
+        return _points
+
+
+def _package(point: metadata.EntryPoint) -> str:
+    return point.dist.name if point.dist else point.value
+
+
+def _load(name: str) -> KernelFamily | None:
+    """The family registered as `name`, imported on first use; None when it is not registered
+    or its package fails to import (one warning naming it; the others keep working)."""
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        point = _entry_points().get(name)
+        candidate = None
+        if point is not None:
+            try:
+                candidate = point.load()
+                if isinstance(candidate, type):
+                    candidate = candidate()
+                if not isinstance(candidate, KernelFamily):
+                    raise TypeError(
+                        f"{point.value} is a {type(candidate).__name__}, not a KernelFamily"
+                    )
+                if candidate.name != point.name:
+                    raise ValueError(
+                        f"{point.value} is named {candidate.name!r}, not {point.name!r}"
+                    )
+            except Exception as exc:  # one broken plug-in must not take the others down
+                _warn(f"kernel family {point.name!r} from package {_package(point)!r} "
+                      f"({point.value}) is left out: {type(exc).__name__}: {exc}")  # fmt: skip
+                candidate = None
+        _loaded[name] = candidate
+        return candidate
+
+
+def registered(name: str) -> bool:
+    """Whether a family of this name is registered (nothing is imported to tell)."""
+    return name in _entry_points()
+
+
+def installed_family(name: str) -> KernelFamily | None:
+    """The installed family `name`, or None; imports that family only (loading a bundle must
+    not pay for every other installed family)."""
+    return _load(name)
 
 
 def families() -> dict[str, KernelFamily]:
-    """name -> family, every installed one (discovered once per process)."""
-    global _families
-    with _lock:
-        if _families is None:
-            _families = _discover()
-        return _families
+    """name -> family, every installed one (each imported once per process)."""
+    loaded = {name: _load(name) for name in _entry_points()}
+    return {name: found for name, found in loaded.items() if found is not None}
 
 
 def forget_families() -> None:
     """Discover again on next use (after installing a family package into a running process)."""
-    global _families
+    global _points
     with _lock:
-        _families = None
+        _points = None
+        _loaded.clear()
     source_hash.cache_clear()
     _recorded_hash.cache_clear()
     foreign_facts.cache_clear()
@@ -96,7 +128,7 @@ def forget_families() -> None:
 
 def family(name: str) -> KernelFamily:
     """The installed family called `name`."""
-    found = families().get(name)
+    found = _load(name)
     if found is None:
         known = ", ".join(families()) or "none"
         raise UnsupportedProblemError(

@@ -43,9 +43,11 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     else:
-        from cute_aot.kernels import families
+        from cute_aot.kernels import registered
 
-        if name not in families():
+        # `from cute_aot.runtime import loader` asks for a submodule not imported yet: that is
+        # no family's name, and must not import every family to find out.
+        if name.startswith("_") or not registered(name):
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         from cute_aot.runtime.ops import op
 

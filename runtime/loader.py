@@ -36,6 +36,7 @@ from cute_aot.artifacts.errors import (
     IncompatibleBundleError,
     KernelNotFoundError,
     MissingLibraryError,
+    OtherArchError,
     SignatureError,
 )
 from cute_aot.artifacts.manifest import Entry, Manifest
@@ -46,7 +47,7 @@ from cute_aot.artifacts.verify import (
     check_library,
     host_machine,
 )
-from cute_aot.kernels import families
+from cute_aot.kernels import installed_family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.runtime import device, library_store, paths
 from cute_aot.runtime.notices import warn_once
@@ -124,7 +125,7 @@ def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> No
             path, f"built for {manifest.arch}, an architecture this cute-aot does not know"
         )
     if gpu_arch is not None and manifest.arch != gpu_arch:
-        raise IncompatibleBundleError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
+        raise OtherArchError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
     built, installed = manifest.toolchain.get("tvm_ffi"), toolchain.tvm_ffi_version()
     if not toolchain.abi_compatible_tvm_ffi(built, installed):
         raise IncompatibleBundleError(
@@ -261,7 +262,7 @@ def _import_tvm_ffi(path: Path):
 
 def installed_key_class(family_name: str):
     """The installed family's key class, or None when the family is not installed here."""
-    found = families().get(family_name)
+    found = installed_family(family_name)
     return found.Key if found is not None else None
 
 
@@ -324,7 +325,11 @@ def open_bundle(
 def check_manifest(
     path: Path, manifest: Manifest, gpu_arch, accept: ManifestCheck | None, trust: TrustCheck | None
 ) -> signing.TrustedKey | None:
-    """What both ways of opening decide from the manifest alone: trust, fit, the caller's rule."""
+    """What both ways of opening decide from the manifest alone: the architecture (a folder's
+    bundles for other GPUs are skipped before anything else is asked), trust, fit, the caller's
+    rule."""
+    if gpu_arch is not None and manifest.arch != gpu_arch and manifest.arch in SUPPORTED_ARCHS:
+        raise OtherArchError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
     signer = (trust or check_trust)(path, manifest)
     check_compatible(path, manifest, gpu_arch)
     if accept is not None:

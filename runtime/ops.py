@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
-from cute_aot.kernels import KernelFamily, families, family
+from cute_aot.kernels import KernelFamily, family, registered
 from cute_aot.kernels.contract import TensorArg, dispatch_with
 from cute_aot.runtime import epoch, policy
 from cute_aot.runtime.device import device_arch
@@ -390,6 +390,6 @@ def forget_resolutions() -> None:
 
 
 def __getattr__(name: str):
-    if name in families():
+    if not name.startswith("_") and registered(name):
         return op(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

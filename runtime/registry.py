@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cute_aot.artifacts import settings, toolchain
-from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import (
     BundleError,
     DriverTooOldError,
@@ -21,11 +20,12 @@ from cute_aot.artifacts.errors import (
     KernelNotFoundError,
     KeyFileError,
     MissingLibraryError,
+    OtherArchError,
     StaleBundleError,
     TableError,
 )
 from cute_aot.artifacts.manifest import Manifest
-from cute_aot.kernels import families, foreign_facts, source_is_current
+from cute_aot.kernels import foreign_facts, installed_family, source_is_current
 from cute_aot.kernels.tables import Table
 from cute_aot.runtime import epoch, overlay, paths
 from cute_aot.runtime.device import current_gpu_arch
@@ -42,9 +42,8 @@ def stale_reasons(manifest: Manifest) -> dict[str, str]:
     another cutlass-dsl compiler."""
     reasons = {}
     installed_dsl = toolchain.cutlass_dsl_versions()
-    installed = families()
     for name, facts in manifest.families.items():
-        kernel_family = installed.get(name)
+        kernel_family = installed_family(name)
         if kernel_family is None:
             reasons[name] = "family not installed here"
             continue
@@ -195,14 +194,14 @@ class Registry:
         that a server falls back (overlay, JIT) instead of failing; mode aot always raises. A
         bundle stale for every family it holds is never dlopened, and never fails mode auto."""
         try:
-            if in_folder and gpu_arch is not None and read_manifest(path).arch != gpu_arch:
-                return None
             return open_bundle(path, gpu_arch, accept=self._refuse_stale)
         except StaleBundleError:
             if current_mode() is Mode.AOT:
                 raise
             return None  # warned once per family by _refuse_stale; its kernels fall back
         except (BundleError, KeyFileError) as exc:
+            if in_folder and isinstance(exc, OtherArchError):
+                return None  # one folder usually ships every architecture
             if not skip_bad or current_mode() is Mode.AOT:
                 raise
             warn_once(

@@ -60,7 +60,8 @@ class ToyFamily(KernelFamily):
 def toy(monkeypatch) -> ToyFamily:
     """router_gemm and `toy` as the installed families, for this test only."""
     installed = {"router_gemm": kernels.families()["router_gemm"], "toy": ToyFamily()}
-    monkeypatch.setattr(kernels, "_families", installed)
+    monkeypatch.setattr(kernels, "_points", dict.fromkeys(installed))
+    monkeypatch.setattr(kernels, "_loaded", dict(installed))
     return installed["toy"]
 
 
@@ -100,7 +101,7 @@ def test_help_lists_the_main_options():
 
 def test_help_lists_the_installed_families_and_their_shape_syntax(toy):
     output = flat(CliRunner().invoke(main, ["--help"]).output)
-    assert "router_gemm:K,N (or plain K,N), toy:R,C" in output
+    assert "router_gemm:N,K (or plain N,K), toy:R,C" in output
     assert "every installed one that can be built here: router_gemm,toy" in output
 
 
@@ -108,18 +109,18 @@ def test_help_lists_the_installed_families_and_their_shape_syntax(toy):
 
 
 def test_plain_shape_means_the_unprefixed_family():
-    assert parse_shape_option("7168,320") == (ROUTER, (7168, 320))
-    assert parse_shape_option("router_gemm:7168,320") == (ROUTER, (7168, 320))
+    assert parse_shape_option("320,7168") == (ROUTER, (320, 7168))
+    assert parse_shape_option("router_gemm:320,7168") == (ROUTER, (320, 7168))
 
 
 def test_prefixed_and_unprefixed_shapes_reach_their_families(toy, monkeypatch):
     plan, _ = planned(
         monkeypatch,
-        *("--shape", "7168,320", "--shape", "router_gemm:2880,64", "--shape", "toy:16,4"),
+        *("--shape", "320,7168", "--shape", "router_gemm:64,2880", "--shape", "toy:16,4"),
         *("--shape", "toy:16,4", "--no-default-shapes", "--arch", "sm_90a"),
     )
     assert list(plan) == ["sm_90a"]
-    want = router_keys("sm_90a", [(7168, 320), (2880, 64)]) | {ToyKey(16, 4)}
+    want = router_keys("sm_90a", [(320, 7168), (64, 2880)]) | {ToyKey(16, 4)}
     assert set(plan["sm_90a"]) == want
     assert len(plan["sm_90a"]) == len(want)
 
@@ -133,12 +134,12 @@ def test_shapes_add_to_every_familys_defaults(toy, monkeypatch):
 @pytest.mark.parametrize(
     "shape, expected",
     [
-        ("7168x256", "'7168x256' is not a router_gemm shape, expected router_gemm:K,N"),
-        ("router_gemm:7,2", "is not a router_gemm shape, expected router_gemm:K,N"),
+        ("256x7168", "'256x7168' is not a router_gemm shape, expected router_gemm:N,K"),
+        ("router_gemm:2,7", "is not a router_gemm shape, expected router_gemm:N,K"),
         ("toy:1", "'toy:1' is not a toy shape, expected toy:R,C"),
         ("toy:1,0", "'toy:1,0' is not a toy shape, expected toy:R,C"),
         ("nope:1,2", "unknown kernel family 'nope'; installed families and their shapes: "
-                     "router_gemm:K,N (or plain K,N), toy:R,C"),
+                     "router_gemm:N,K (or plain N,K), toy:R,C"),
     ],
 )  # fmt: skip
 def test_bad_shape_is_a_usage_error_naming_family_and_syntax(toy, shape, expected):
@@ -148,7 +149,7 @@ def test_bad_shape_is_a_usage_error_naming_family_and_syntax(toy, shape, expecte
 
 
 def test_shape_of_a_family_left_out_is_refused(toy):
-    result = CliRunner().invoke(main, ["--families", "toy", "--shape", "7168,320"])
+    result = CliRunner().invoke(main, ["--families", "toy", "--shape", "320,7168"])
     assert result.exit_code == 2
     assert "--shape for router_gemm, which --families leaves out" in flat(result.output)
 
@@ -206,11 +207,11 @@ def test_an_arch_left_without_keys_gets_no_bundle_and_says_so(toy, monkeypatch):
 
 def test_plan_adds_extra_shapes_to_the_defaults():
     router = family(ROUTER)
-    plan = BuildPlan(archs=["sm_90a"], extra_shapes={ROUTER: [(2880, 128)]})
+    plan = BuildPlan(archs=["sm_90a"], extra_shapes={ROUTER: [(128, 2880)]})
     keys = plan.keys("sm_90a")
     assert set(router.enumerate_keys("sm_90a")) < set(keys)
-    only = BuildPlan(archs=["sm_90a"], extra_shapes={ROUTER: [(2880, 128)]}, default_shapes=False)
-    assert set(only.keys("sm_90a")) == set(router.enumerate_keys("sm_90a", [(2880, 128)]))
+    only = BuildPlan(archs=["sm_90a"], extra_shapes={ROUTER: [(128, 2880)]}, default_shapes=False)
+    assert set(only.keys("sm_90a")) == set(router.enumerate_keys("sm_90a", [(128, 2880)]))
 
 
 def test_plan_defaults_to_every_installed_family_within_its_archs(toy):
@@ -228,14 +229,14 @@ def test_plan_defaults_to_every_installed_family_within_its_archs(toy):
 def test_a_preset_gives_every_familys_shapes(toy, monkeypatch):
     kimi = preset("kimi-k2")
     assert shapes_for_models([kimi], [family(ROUTER), toy]) == {
-        ROUTER: [(7168, 384)],
+        ROUTER: [(384, 7168)],
         "toy": [(7168, 2)],
     }
     plan, output = planned(monkeypatch, "--model", "kimi-k2", "--arch", "sm_90a,sm_100a")
-    assert "model kimi-k2: router_gemm 7168,384; toy 7168,2" in output
+    assert "model kimi-k2: router_gemm 384,7168; toy 7168,2" in output
     # A model build is the model's shapes only, each family within its architectures.
-    assert set(plan["sm_90a"]) == router_keys("sm_90a", [(7168, 384)]) | {ToyKey(7168, 2)}
-    assert set(plan["sm_100a"]) == router_keys("sm_100a", [(7168, 384)])
+    assert set(plan["sm_90a"]) == router_keys("sm_90a", [(384, 7168)]) | {ToyKey(7168, 2)}
+    assert set(plan["sm_100a"]) == router_keys("sm_100a", [(384, 7168)])
 
 
 def test_a_config_gives_every_familys_shapes_from_its_language_section(toy, monkeypatch, tmp_path):
@@ -245,8 +246,8 @@ def test_a_config_gives_every_familys_shapes_from_its_language_section(toy, monk
         "text_config": {"hidden_size": 5120, "num_local_experts": 16},
     }))  # fmt: skip
     plan, output = planned(monkeypatch, "--model-config", str(config), "--arch", "sm_90a")
-    assert "router_gemm 5120,16; toy 5120,2" in output
-    assert set(plan["sm_90a"]) == router_keys("sm_90a", [(5120, 16)]) | {ToyKey(5120, 2)}
+    assert "router_gemm 16,5120; toy 5120,2" in output
+    assert set(plan["sm_90a"]) == router_keys("sm_90a", [(16, 5120)]) | {ToyKey(5120, 2)}
 
 
 def test_a_dense_config_builds_only_the_families_that_serve_it(toy, monkeypatch, tmp_path):
@@ -305,10 +306,10 @@ def test_models_lists_each_familys_shapes_and_key_counts(toy, monkeypatch):
         if line.startswith("│ kimi-k2 ")
     ]
     router = family(ROUTER)
-    counts = [str(len(router.enumerate_keys(arch, [(7168, 384)]))) for arch in
+    counts = [str(len(router.enumerate_keys(arch, [(384, 7168)]))) for arch in
               ("sm_90a", "sm_100a", "sm_103a")]  # fmt: skip
     assert rows == [
-        ["kimi-k2", ROUTER, "K,N: 7168,384", *counts, "preset"],
+        ["kimi-k2", ROUTER, "N,K: 384,7168", *counts, "preset"],
         ["kimi-k2", "toy", "R,C: 7168,2", "1", "-", "-", "preset"],
     ]
 
@@ -317,7 +318,7 @@ def test_models_lists_each_familys_shapes_and_key_counts(toy, monkeypatch):
 
 
 def test_misses_of_families_not_installed_are_skipped_by_name(toy, monkeypatch, tmp_path):
-    router_key = family(ROUTER).enumerate_keys("sm_90a", [(7168, 256)])[0]
+    router_key = family(ROUTER).enumerate_keys("sm_90a", [(256, 7168)])[0]
     log = tmp_path / "misses.jsonl"
     records = [
         {"family": ROUTER, "key": router_key.fields(), "arch": "sm_90a"},
