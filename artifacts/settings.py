@@ -26,7 +26,7 @@ class Setting:
         return os.environ.get(self.name) or None
 
 
-BUNDLES = Setting("CUTE_AOT_BUNDLES", "(none)",
+BUNDLES = Setting("CUTE_AOT_BUNDLES", "none",
                   "bundle files or folders, ':'-separated, loaded at the first op call")  # fmt: skip
 MODE = Setting("CUTE_AOT_MODE", "auto",
                "auto (bundle, overlay, JIT, torch), aot (bundles only; a miss raises), jit")  # fmt: skip
@@ -37,7 +37,7 @@ CACHE_DIR = Setting(
 )
 MISS_LOG = Setting("CUTE_AOT_MISS_LOG", "<cache dir>/misses.jsonl",
                    "where servers record the kernels they had to compile")  # fmt: skip
-TRUSTED_KEYS = Setting("CUTE_AOT_TRUSTED_KEYS", "(none)",
+TRUSTED_KEYS = Setting("CUTE_AOT_TRUSTED_KEYS", "none",
                        "ed25519 public keys (PEM files or folders, ':'-separated) bundles may be signed by")  # fmt: skip
 REQUIRE_SIGNATURE = Setting("CUTE_AOT_REQUIRE_SIGNATURE", "0",
                             "1: load only bundles signed by a trusted key")  # fmt: skip

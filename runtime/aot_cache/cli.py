@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cute_aot.aot import binary_info
-from cute_aot.artifacts import PACKAGE_VERSION
+from cute_aot.artifacts import PACKAGE_VERSION, settings
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import read_bundle, read_manifest
 from cute_aot.artifacts.errors import CuteAotError
@@ -781,8 +781,10 @@ def env_command(as_json):
     table.add_row(
         "path", "bundles", "\n".join(where["bundles"]) or f"none ({paths.BUNDLES_ENV} unset)"
     )
+    defaults = {setting.name: setting.default for setting in settings.SETTINGS}
     for name, value in report["env"].items():
-        table.add_row("env", name, "(unset)" if value is None else value)
+        unset = f"(unset: {defaults[name]})" if name in defaults else "(unset)"
+        table.add_row("env", name, unset if value is None else value)
     gpu = report["gpu"]
     if gpu:
         device = (
