@@ -20,7 +20,7 @@ import torch
 
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_bundle, write_bundle
-from cute_aot.artifacts.errors import KernelNotFoundError
+from cute_aot.artifacts.errors import InputError, KernelNotFoundError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.kernels import family, family_facts
 from cute_aot.runtime import REGISTRY, jit, mode, ops, policy, set_mode
@@ -407,3 +407,10 @@ def test_the_tests_never_write_into_the_users_cache():
     from cute_aot.artifacts import settings
 
     assert not str(settings.cache_dir()).startswith(str(home_cache))
+
+
+def test_a_callers_mistake_is_not_chained_to_an_internal_lookup(router_op):
+    x, w = _inputs()
+    with pytest.raises(InputError, match="x must be bfloat16") as info:
+        ops.op("router_gemm")(x.float(), w)
+    assert info.value.__context__ is None and info.value.__cause__ is None
