@@ -7,6 +7,7 @@ write byte-identical bundles.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -31,14 +32,27 @@ from cute_aot.aot.compile_worker import compile_to_object
 from cute_aot.aot.pack import BuildTables, pack_bundle, table_records
 from cute_aot.aot.shard import Shard, load_shards, write_shard_file
 from cute_aot.artifacts import PACKAGE_VERSION
-from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.artifacts.bundle import bundle_filename
-from cute_aot.artifacts.errors import BuildError
+from cute_aot.artifacts.atomic import (
+    atomic_write,
+    owner_tag,
+    remove_dead_leftovers,
+    scratch_folder,
+)
+from cute_aot.artifacts.bundle import bundle_filename, read_manifest
+from cute_aot.artifacts.errors import BuildError, BundleError
 from cute_aot.kernels import families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 from cute_aot.kernels.contract import Shape
 
-__all__ = ["BuildOutcome", "BuildPlan", "build", "default_jobs", "merge", "run_build"]
+__all__ = [
+    "BuildOutcome",
+    "BuildPlan",
+    "WrittenBundle",
+    "build",
+    "default_jobs",
+    "merge",
+    "run_build",
+]
 
 
 def buildable_families() -> list[str]:
@@ -125,6 +139,29 @@ def keys_by_arch(plan: BuildPlan | dict[str, list]) -> dict[str, list]:
     }
 
 
+@dataclass(frozen=True)
+class WrittenBundle:
+    """The bundle file this build wrote, described from its bytes in memory: another build into
+    the same folder may have replaced the file since."""
+
+    path: Path
+    arch: str
+    kernels: int
+    size: int
+    sha256: str
+
+    def replaced(self) -> bool:
+        """Whether the file at `path` is no longer the bytes this build wrote."""
+        digest = hashlib.sha256()
+        try:
+            with open(self.path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError:
+            return True
+        return digest.hexdigest() != self.sha256
+
+
 @dataclass
 class BuildOutcome:
     name: str  # of the bundles
@@ -134,6 +171,7 @@ class BuildOutcome:
     shard_folder: Path | None = None
     jobs: int = 0
     seconds: float = 0.0
+    written: list[WrittenBundle] = field(default_factory=list)  # the bundles, as written
 
     @property
     def failed(self) -> list[dict]:
@@ -163,15 +201,21 @@ def run_build(
     A failed key never stops the others; its architecture gets no bundle unless allow_failures,
     in which case the bundle holds the keys that compiled. A shard writes its objects and rows
     to `out_dir/<name>.shard-<i>-of-<n>/` for `merge` instead of bundles.
+
+    A bundle file holding families the plan leaves out is never replaced (BuildError, before
+    anything compiles); what killed builds left behind is removed first.
     """
     started = time.perf_counter()
     if tables is None:
         tables = plan.tables if isinstance(plan, BuildPlan) else {}
     plan_keys = keys_by_arch(plan)
     out_dir = Path(out_dir)
+    _remove_dead_leftovers(out_dir)
     todo = [(arch, key) for arch, keys in plan_keys.items() for key in keys]
     if shard:
         todo = shard.select(todo)
+    else:
+        refuse_to_drop_families(plan_keys, out_dir, name)
     with _work_folder(out_dir, shard.folder_name(name) if shard else None) as folder:
         rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress, worker)
         outcome = BuildOutcome(name, [rows[(arch, key.symbol)] for arch, key in todo], jobs=jobs)
@@ -182,10 +226,11 @@ def run_build(
             )  # fmt: skip
             outcome.shard_folder = out_dir / shard.folder_name(name)
         else:
-            outcome.bundles, outcome.incomplete = write_bundles(
+            outcome.written, outcome.incomplete = write_bundles(
                 plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures,
                 tables if record_tables else None, record_tables,
             )  # fmt: skip
+            outcome.bundles = [bundle.path for bundle in outcome.written]
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -203,7 +248,9 @@ def merge(
     rows = [
         merged.rows[(arch, k.symbol)] for arch, keys in merged.keys_by_arch.items() for k in keys
     ]
-    bundles, incomplete = write_bundles(
+    _remove_dead_leftovers(Path(out_dir))
+    refuse_to_drop_families(merged.keys_by_arch, Path(out_dir), merged.name)
+    written, incomplete = write_bundles(
         merged.keys_by_arch,
         merged.rows,
         Path(out_dir),
@@ -215,7 +262,12 @@ def merge(
         merged.record_tables,
     )
     return BuildOutcome(
-        merged.name, rows, bundles, incomplete, seconds=time.perf_counter() - started
+        merged.name,
+        rows,
+        [bundle.path for bundle in written],
+        incomplete,
+        seconds=time.perf_counter() - started,
+        written=written,
     )
 
 
@@ -256,15 +308,42 @@ def describe_failures(failed: list[dict], total: int, limit: int = 20) -> str:
     return f"{len(failed)} of {total} kernels failed to compile:\n" + "\n".join(lines)
 
 
+def refuse_to_drop_families(plan_keys: dict[str, list], out_dir: Path, name: str) -> None:
+    """A BuildError if a bundle this plan would replace holds families the plan leaves out
+    (`aot-build --families X` into a folder of every family's bundles must not drop them)."""
+    for arch, keys in plan_keys.items():
+        path = Path(out_dir) / bundle_filename(name, arch)
+        if not path.exists():
+            continue
+        try:
+            held = set(read_manifest(path).families)
+        except BundleError:  # not a bundle this version reads: nothing known to lose
+            continue
+        building = {key.FAMILY for key in keys}
+        if held - building:
+            raise BuildError(
+                f"{path} holds {', '.join(sorted(held - building))}, which this build of "
+                f"{', '.join(sorted(building))} leaves out: give the new bundle a name of its own "
+                f"(--name NAME; servers load every bundle of a folder), or remove {path} first "
+                "to replace it"
+            )
+
+
+def _remove_dead_leftovers(out_dir: Path) -> None:
+    """Temporary files and scratch folders of builds that were killed (SIGKILL, power loss)."""
+    remove_dead_leftovers(out_dir)
+    remove_dead_leftovers(tempfile.gettempdir())
+
+
 @contextmanager
 def _work_folder(out_dir: Path, shard_folder: str | None) -> Iterator[Path]:
     """Scratch for a plain build; for a shard, a folder that replaces `shard_folder` at the end."""
     if shard_folder is None:
-        with tempfile.TemporaryDirectory(prefix="cute-aot-build-") as scratch:
-            yield Path(scratch)
+        with scratch_folder("cute-aot-build") as scratch:
+            yield scratch
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{shard_folder}.", dir=out_dir))
+    work = Path(tempfile.mkdtemp(prefix=f".{shard_folder}.{owner_tag()}.", dir=out_dir))
     work.chmod(0o755)  # mkdtemp makes it private; CI artifact uploads and other users read it
     try:
         yield work
@@ -342,9 +421,9 @@ def write_bundles(
     allow_failures: bool,
     tables: BuildTables | None = None,
     record_tables: bool = True,
-) -> tuple[list[Path], dict[str, int]]:
+) -> tuple[list[WrittenBundle], dict[str, int]]:
     """One bundle per architecture whose keys all compiled (or, allowing failures, any did)."""
-    paths, incomplete = [], {}
+    written, incomplete = [], {}
     for arch, keys in plan_keys.items():
         good = [key for key in keys if rows[(arch, key.symbol)]["status"] == "ok"]
         if len(good) < len(keys):
@@ -352,15 +431,17 @@ def write_bundles(
             if not allow_failures or not good:
                 continue
         objects = {key: rows[(arch, key.symbol)] for key in good}
-        paths.append(
+        written.append(
             _write_bundle(
                 arch, objects, out_dir, name, bundle_version, cache, tables, record_tables
             )
         )
-    return paths, incomplete
+    return written, incomplete
 
 
-def _write_bundle(arch, objects, out_dir, name, bundle_version, cache, tables, record) -> Path:
+def _write_bundle(
+    arch, objects, out_dir, name, bundle_version, cache, tables, record
+) -> WrittenBundle:
     ordered = [objects[key] for key in sorted(objects, key=lambda key: key.symbol)]
     records = table_records({key.FAMILY for key in objects}, arch, tables) if record else {}
     digest = cache.bundle_digest(name, arch, bundle_version, ordered, records) if cache else None
@@ -374,8 +455,12 @@ def _write_bundle(arch, objects, out_dir, name, bundle_version, cache, tables, r
             cache.store_bundle(digest, data)
     path = out_dir / bundle_filename(name, arch)
     if not _same_bytes(path, data):  # an unchanged bundle keeps its file (and mtime)
-        atomic_write(path, data)
-    return path
+        try:
+            atomic_write(path, data)
+        except OSError as exc:  # e.g. a full disk: the previous file, if any, is untouched
+            raise BuildError(f"cannot write {path}: {exc.strerror or exc}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    return WrittenBundle(path, arch, len(objects), len(data), digest)
 
 
 def _same_bytes(path: Path, data: bytes) -> bool:

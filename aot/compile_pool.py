@@ -5,16 +5,23 @@ cute.compile is a process-wide singleton and not thread-safe, so parallelism is 
 that raises becomes a failed row. A key that kills its worker (a compiler crash, the OOM killer)
 breaks the whole pool; the calls that were in flight are then re-run one at a time, each in its
 own process, so the culprit is named and the others still compile.
+
+Workers never outlive the build: an exception in the build (SIGTERM and SIGINT arrive as one,
+see cli.py) kills them at once rather than waiting out compiles nobody will use, and on Linux the
+kernel kills them when the build itself is killed (SIGKILL).
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +31,7 @@ from cute_aot.aot.compile_worker import compile_to_object
 WORKER_MEMORY_BYTES = 300 << 20
 # Calls queued per worker: enough to keep workers busy, few enough that a crash suspects few.
 IN_FLIGHT_PER_WORKER = 2
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WORKER_DIED = "the compile worker process died (crashed or was killed, e.g. out of memory)"
 
 Worker = Callable[[str, dict, str, str], dict]
@@ -112,16 +120,52 @@ def _call_here(call: CompileCall, worker: Worker) -> dict:
         return call.failed(f"{type(exc).__name__}: {exc}")
 
 
-def _pool(jobs: int) -> ProcessPoolExecutor:
+def _start_worker(build_pid: int) -> None:
+    """In each worker, first. Ctrl-C signals the whole process group: the build alone decides,
+    and stops its workers. And a worker dies with its build, even a SIGKILLed one (Linux)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl: not Linux
+        return
+    if os.getppid() != build_pid:  # the build died before prctl took effect
+        os._exit(1)
+
+
+@contextmanager
+def _pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
     # spawn: workers start clean (no forked locks or CUDA state); each imports cutlass once.
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(os.getpid(),),
+    )
+    try:
+        yield pool
+    except BaseException:  # SIGTERM, Ctrl-C, a bug: a compile may take minutes more
+        _kill_workers(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    if hasattr(pool, "kill_workers"):  # Python 3.14+
+        pool.kill_workers()
+        return
+    processes = list((pool._processes or {}).values())  # no public handle before 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join()
 
 
 def _drain(queue: deque, jobs: int, on_row: RowSink, worker: Worker) -> list[CompileCall]:
     """Run queued calls until the queue is empty or a worker dies; returns the suspects."""
     in_flight: dict[Future, CompileCall] = {}
-    pool = _pool(jobs)
-    try:
+    with _pool(jobs) as pool:
         while queue or in_flight:
             while queue and len(in_flight) < IN_FLIGHT_PER_WORKER * jobs:
                 call = queue.popleft()
@@ -136,11 +180,6 @@ def _drain(queue: deque, jobs: int, on_row: RowSink, worker: Worker) -> list[Com
                 call = in_flight.pop(future)
                 on_row(_result_row(future, call))
         return []
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    finally:
-        pool.shutdown(wait=True)
 
 
 def _settle(in_flight: dict[Future, CompileCall], on_row: RowSink) -> list[CompileCall]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from importlib import metadata, resources
 from pathlib import Path
 
+from cute_aot.artifacts.atomic import scratch_folder
 from cute_aot.artifacts.errors import BuildError
 
 CUTLASS_CU13_LIBS = "nvidia-cutlass-dsl-libs-cu13"
@@ -45,14 +45,15 @@ def link_inputs() -> dict[str, Path]:
     }
 
 
-def link_library(objects: list[Path], output: Path) -> bytes:
-    """Link `objects` (in the given order) into `output`; returns the library's bytes."""
+def link_library(objects: list[Path], output: Path | None = None) -> bytes:
+    """Link `objects` (in the given order); returns the library's bytes, also written to
+    `output` if given."""
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not compiler:
         raise BuildError("linking needs a C compiler (gcc or cc, or set CC)")
     inputs = link_inputs()
     package = resources.files(__package__)
-    with tempfile.TemporaryDirectory(prefix="cute-aot-link-") as scratch:
+    with scratch_folder("cute-aot-link") as scratch:
         sources = []
         for name in ("cute_dsl_shim.c", "shape_dispatch.c"):
             sources.append(Path(scratch) / name)
@@ -73,8 +74,10 @@ def link_library(objects: list[Path], output: Path) -> bytes:
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=scratch)
         if result.returncode != 0:
-            raise BuildError(f"linking {output.name} failed:\n{result.stderr.strip()}")
+            what = output.name if output else "the library"
+            raise BuildError(f"linking {what} failed:\n{result.stderr.strip()}")
         data = tmp_output.read_bytes()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_bytes(data)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_bytes(data)
     return data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,10 +41,7 @@ def pack_bundle(
     Keys are linked in symbol order, so the same objects always give the same bytes.
     """
     keys = sorted(objects, key=lambda key: key.symbol)
-    with tempfile.TemporaryDirectory(prefix="cute-aot-pack-") as scratch:
-        library = link_library(
-            [Path(objects[key]["object"]) for key in keys], Path(scratch) / "library.so"
-        )
+    library = link_library([Path(objects[key]["object"]) for key in keys])
     entries = tuple(
         Entry(
             family=key.FAMILY,

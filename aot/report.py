@@ -1,16 +1,16 @@
 """The build report: per key its status, compile time and object size, as JSON next to the
-bundles and as rich tables on the terminal."""
+bundles and as rich tables on the terminal. Bundles are described as this build wrote them, never
+by re-reading their files: another build into the same folder may have replaced one since."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from cute_aot.aot.build import BuildOutcome
+from cute_aot.aot.build import BuildOutcome, WrittenBundle
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.artifacts.atomic import atomic_write
 
@@ -49,17 +49,13 @@ def _key_record(row: dict) -> dict:
     return record
 
 
-def _bundle_record(path: Path) -> dict:
-    from cute_aot.artifacts.bundle import read_manifest
-
-    manifest = read_manifest(path)
-    data = path.read_bytes()
+def _bundle_record(bundle: WrittenBundle) -> dict:
     return {
-        "file": path.name,
-        "arch": manifest.arch,
-        "kernels": len(manifest.entries),
-        "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
+        "file": bundle.path.name,
+        "arch": bundle.arch,
+        "kernels": bundle.kernels,
+        "size": bundle.size,
+        "sha256": bundle.sha256,
     }
 
 
@@ -89,7 +85,7 @@ def write_report(
             "misses": cache.misses,
             "write_error": cache.write_error,
         },
-        "bundles": [_bundle_record(path) for path in outcome.bundles],
+        "bundles": [_bundle_record(bundle) for bundle in outcome.written],
         "incomplete": outcome.incomplete,
         "keys": [_key_record(row) for row in outcome.rows],
     }
@@ -98,7 +94,7 @@ def write_report(
 
 def print_summary(console: Console, outcome: BuildOutcome) -> None:
     """One line per architecture: keys by status, compile time, the bundle written (or why not)."""
-    sizes = {_bundle_record(path)["arch"]: path.stat().st_size for path in outcome.bundles}
+    sizes = {bundle.arch: bundle.size for bundle in outcome.written}
     title = f"{outcome.name}: {outcome.seconds:.1f} s" + (
         f", {outcome.jobs} compile jobs" if outcome.jobs else ""
     )

@@ -1,12 +1,91 @@
-"""Publishing files so that no reader ever sees a partial one."""
+"""Publishing files so that no reader ever sees a partial one, and scratch that outlives no writer.
+
+Every temporary name made here carries its writer's pid and machine (a hash of host name and pid
+namespace), `.pid<N>@<machine>.`: a writer killed with SIGKILL cannot clean up after itself, so
+the next build removes what dead writers of this machine left (`remove_dead_leftovers`). A live
+writer's files are never touched, nor those of another machine's (an NFS folder).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
+import re
+import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+# `<what>.pid<N>@<machine>.<random>[.tmp]`; <what> is a hidden name or a cute-aot scratch prefix.
+_OWNED_NAME = re.compile(
+    r"^(?:\..+|cute-aot-[a-z-]+)\.pid(\d+)@([0-9a-f]{12})\.[A-Za-z0-9_]+(?:\.tmp)?$"
+)
+
+
+@functools.cache
+def _machine() -> str:
+    """This host and pid namespace (a pid names a process only within both), hashed: a name
+    stays short whatever the host name."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # not Linux
+        namespace = 0
+    return hashlib.sha256(f"{socket.gethostname()}/{namespace}".encode()).hexdigest()[:12]
+
+
+def owner_tag() -> str:
+    """`pid<N>@<machine>`, the part of a temporary name that says who may still need it."""
+    return f"pid{os.getpid()}@{_machine()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:  # a zombie is dead, only not yet reaped (an orphan's may never be, in a container)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (not Linux), or just gone: kept until the next build
+        return True
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def remove_dead_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files and scratch folders in `folder` whose writer, a process of this
+    machine, has died; returns them. A pid reused since only delays the removal."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:  # absent or unreadable: nothing of ours to remove
+        return removed
+    for entry in entries:
+        owned = _OWNED_NAME.match(entry.name)
+        if not owned or owned[2] != _machine() or _alive(int(owned[1])):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str, parent: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A private folder `<prefix>.pid<N>@<machine>.<random>` in `parent` (default: TMPDIR),
+    removed on exit; after a SIGKILL, by the next `remove_dead_leftovers(parent)`."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}.{owner_tag()}.", dir=parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -14,7 +93,9 @@ def _complete_temporary(path: Path, data: bytes, mode: int) -> Iterator[str]:
     """A fully written, fsynced file with a unique name beside `path`; removed on exit unless
     the caller has renamed it away."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}.{owner_tag()}.", suffix=".tmp", dir=path.parent
+    )
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -30,11 +111,17 @@ def _complete_temporary(path: Path, data: bytes, mode: int) -> Iterator[str]:
 def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Path:
     """Write `data` to `path` via a unique temporary name in the same folder, fsync, rename.
 
-    A failure leaves no temporary file behind and the previous `path` (if any) untouched.
+    A failure (an OSError naming `path`) leaves no temporary file behind and the previous
+    `path` (if any) untouched.
     """
     path = Path(path)
-    with _complete_temporary(path, data, mode) as tmp:
-        os.replace(tmp, path)
+    try:
+        with _complete_temporary(path, data, mode) as tmp:
+            os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename is None and exc.errno:  # a failed write() names no file: name it
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
     return path
 
 

@@ -50,3 +50,11 @@ class RecordingKernel:
 
     def __call__(self, *args):
         self.calls.append(args)
+
+
+def register_family(monkeypatch, found) -> None:
+    """Install `found` as a family for one test, beside the real ones, as its entry point would."""
+    from cute_aot import kernels
+
+    monkeypatch.setattr(kernels, "_points", {**kernels._entry_points(), found.name: None})
+    monkeypatch.setitem(kernels._loaded, found.name, found)

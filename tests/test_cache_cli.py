@@ -31,6 +31,7 @@ from cute_aot.runtime import overlay
 from cute_aot.runtime.aot_cache import gc as overlay_gc
 from cute_aot.runtime.aot_cache.cli import main, parse_age, parse_size
 from cute_aot.runtime.misses import forget_recorded, record_miss
+from tests.stubs import register_family
 
 from .conftest import PROBLEMS
 
@@ -480,7 +481,7 @@ class ToyFamily(KernelFamily):
 @pytest.fixture
 def toy_family(monkeypatch):
     """ToyFamily installed next to the real ones, as an entry point of another package would be."""
-    monkeypatch.setitem(families(), "toy_scale", ToyFamily())
+    register_family(monkeypatch, ToyFamily())
     return families()["toy_scale"]
 
 
@@ -516,7 +517,10 @@ def test_explain_finds_families_when_it_runs_and_refuses_unknown_ones(toy_family
     unknown = run("explain", "no_such_family", "--shape", "1", code=2)
     assert "'no_such_family' is not an installed kernel family" in unknown.output
     assert "router_gemm" in unknown.output and "toy_scale" in unknown.output
-    monkeypatch.delitem(families(), "toy_scale")  # uninstalled: no list fixed at import time
+    from cute_aot import kernels
+
+    uninstalled = {n: p for n, p in kernels._entry_points().items() if n != "toy_scale"}
+    monkeypatch.setattr(kernels, "_points", uninstalled)  # no list fixed at import time
     assert (
         "'toy_scale' is not an installed"
         in run("explain", "toy_scale", "--shape", "1", code=2).output
