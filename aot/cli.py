@@ -11,7 +11,9 @@ and model mapping comes from the installed families' contracts, never from a lis
 from __future__ import annotations
 
 import functools
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +31,7 @@ from cute_aot.aot import reproducible
 from cute_aot.aot.build import (
     BuildOutcome,
     BuildPlan,
+    WrittenBundle,
     buildable_families,
     describe_failures,
     keys_by_arch,
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 # -- kernel families on the command line --------------------------------------------------------
@@ -69,7 +73,7 @@ class FamiliesHelpOption(click.Option):
 
 
 def shape_syntaxes() -> str:
-    """How each installed family's shapes are written, e.g. `fam:K,N (or plain K,N)`."""
+    """How each installed family's shapes are written, e.g. `fam:N,K (or plain N,K)`."""
     parts = []
     for name, found in families().items():
         text = f"{name}:{found.shape_syntax}"
@@ -245,11 +249,18 @@ def _cache_trusted_keys(spec: str | None) -> dict[str, signing.TrustedKey] | Non
     return keys
 
 
-def sign_bundles(console: Console, paths: list[Path], private_key: Ed25519PrivateKey) -> None:
-    """Sign written bundles in place: the one signing step of `aot-build` and `merge`."""
-    for path in paths:
-        signed = signing.sign_bundle(path, private_key)
-        console.print(f"signed {path} ({signing.ALGORITHM} key {signed.signature['key_id']})")
+def sign_bundles(
+    console: Console, bundles: list[WrittenBundle], private_key: Ed25519PrivateKey
+) -> None:
+    """Sign written bundles in place: the one signing step of `aot-build` and `merge`. A file
+    another build has replaced since is not this build's to vouch for."""
+    for bundle in bundles:
+        if bundle.replaced():
+            console.print(f"[yellow]not signed:[/yellow] {bundle.path} (another build's bytes)")
+            continue
+        signed = signing.sign_bundle(bundle.path, private_key)
+        key_id = signed.signature["key_id"]
+        console.print(f"signed {bundle.path} ({signing.ALGORITHM} key {key_id})")
 
 
 OUTPUT_OPTIONS = (
@@ -335,6 +346,42 @@ def _console() -> Console:
     return Console(stderr=True, soft_wrap=True)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived: the command unwinds (its compile workers are killed, scratch
+    removed, no bundle half-written). A KeyboardInterrupt, so no `except Exception` keeps going."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def _stop_on_signals(ctx: click.Context) -> None:
+    """Raise Stopped on SIGTERM and SIGINT until the command ends; a second one ends the process
+    at once (the default), e.g. if cleaning up hangs."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers belong to the main thread; left as they are
+
+    def stop(signum, frame):
+        for number in STOP_SIGNALS:
+            signal.signal(number, signal.SIG_DFL)
+        raise Stopped(signum)
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    ctx.call_on_close(lambda: [signal.signal(n, handler) for n, handler in previous.items()])
+
+
+def _fail(console: Console, command: str, exc: BaseException) -> None:
+    """One line for a failed command, then its exit status (128 + signal if stopped)."""
+    if isinstance(exc, Stopped):
+        console.print(f"[red]{command} stopped[/red] by {exc}: nothing half-written is left")
+        sys.exit(128 + exc.signum)
+    message = str(exc)
+    if isinstance(exc, OSError) and exc.filename:  # a full disk, a read-only folder...
+        message = f"{exc.filename}: {exc.strerror or exc}"
+    console.print(f"[red]{command} failed:[/red] {escape(message)}")
+    sys.exit(1)
+
+
 def _describe_cache_use(cache: BuildCache) -> str:
     """`build cache: 3 objects reused, 2 not found, 1 entry refused as untrusted`"""
     line = f"build cache: {cache.hits} objects reused, {cache.misses} not found"
@@ -359,11 +406,18 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
         console.print(_describe_cache_use(cache))
     if cache and cache.write_error:
         console.print(f"[yellow]build cache off:[/yellow] {escape(cache.write_error)}")
-    for path in outcome.bundles:
-        console.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+    for bundle in outcome.written:  # as written: another build may have written there since
+        console.print(f"wrote {bundle.path} ({bundle.size / 1024:.0f} KiB)")
     if outcome.shard_folder:
         console.print(f"wrote shard {shard}: {outcome.shard_folder} (then `aot-build merge`)")
     console.print(f"report: {report}")
+    for bundle in outcome.written:
+        if bundle.replaced():
+            console.print(
+                f"[yellow]warning: {bundle.path} was replaced by another build since this one "
+                f"wrote it[/yellow] (this build's: sha256 {bundle.sha256}, {bundle.size} bytes; "
+                "the report describes those)"
+            )
     if not outcome.failed:
         return
     # Failures are always listed, allowed or not: a key never goes missing silently.
@@ -398,7 +452,11 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     callback=_parse_shapes,
     metavar="[FAMILY:]DIMS",
     cls=FamiliesHelpOption,
-    help_text=lambda: f"Extra shape to build, repeatable: {shape_syntaxes()}.",
+    help_text=lambda: (
+        f"Extra shape to build, repeatable: {shape_syntaxes()}. DIMS in that order (a GEMM's "
+        "are N,K, the shape of w in out = x @ w.T) or named in any order (FAMILY:N=256,K=7168); "
+        "a positional form a family could misread is refused with the fix."
+    ),
 )
 @click.option("--no-default-shapes", is_flag=True, help="Leave out the default shapes.")
 @click.option(
@@ -507,6 +565,7 @@ def main(
     if misses_file and (shapes or models or model_configs):
         raise click.UsageError("--from-misses builds exactly the logged keys: no --shape/--model")
     console = _console()
+    _stop_on_signals(ctx)
     try:
         bundle_signer = output.bundle_signer()  # read first: a bad key fails before compiling
         cache = output.cache()
@@ -556,10 +615,9 @@ def main(
                 f"bundles ({time.perf_counter() - started:.1f} s)"
             )
         if bundle_signer:  # last: the reproducibility check compares unsigned builds
-            sign_bundles(console, outcome.bundles, bundle_signer)
-    except CuteAotError as exc:
-        console.print(f"[red]aot-build failed:[/red] {escape(str(exc))}")
-        sys.exit(1)
+            sign_bundles(console, outcome.written, bundle_signer)
+    except (CuteAotError, OSError, Stopped) as exc:
+        _fail(console, "aot-build", exc)
 
 
 def _read_build_tables(console: Console, path: str, plan: BuildPlan) -> dict:
@@ -712,10 +770,12 @@ def _refuse_build_options(ctx: click.Context) -> None:
 @main.command("merge")
 @click.argument("shards", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @output_options
-def merge_command(shards, output: Output):
+@click.pass_context
+def merge_command(ctx, shards, output: Output):
     """Link the outputs of `aot-build --shard i/n` (folders, searched recursively) into bundles
     byte-identical to an unsharded build."""
     console = _console()
+    _stop_on_signals(ctx)
     try:
         bundle_signer = output.bundle_signer()
         cache = output.cache()
@@ -724,10 +784,9 @@ def merge_command(shards, output: Output):
         )
         _finish(console, outcome, output, cache)
         if bundle_signer:
-            sign_bundles(console, outcome.bundles, bundle_signer)
-    except CuteAotError as exc:
-        console.print(f"[red]aot-build merge failed:[/red] {escape(str(exc))}")
-        sys.exit(1)
+            sign_bundles(console, outcome.written, bundle_signer)
+    except (CuteAotError, OSError, Stopped) as exc:
+        _fail(console, "aot-build merge", exc)
 
 
 @main.command("models")

@@ -48,7 +48,7 @@ def main(bundles, calls, turns, out_path):
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
     out = torch.empty(m, n, device="cuda")
-    direct = REGISTRY.resolve(router.dispatch(router.parse_problem(f"{m},{k},{n}"), arch).key, arch)
+    direct = REGISTRY.resolve(router.dispatch(router.parse_problem(f"{m},{n},{k}"), arch).key, arch)
     methods = {
         "op_out": lambda: router_gemm(x, w, out=out),
         "op_alloc": lambda: router_gemm(x, w),

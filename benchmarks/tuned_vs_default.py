@@ -45,7 +45,10 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
         found, arch = family(tuned.family), tuned.arch
         default = found.default_table(arch)
         rows = []
-        for shape in map(tuple, tuned.provenance["shapes"]):
+        # Read back through the family's own shape rule: a router table tuned before the N,K
+        # order holds K,N pairs, which it refuses instead of timing the wrong problems.
+        measured = [found.parse_shape(",".join(map(str, s))) for s in tuned.provenance["shapes"]]
+        for shape in measured:
             for problem in found.tune_problems(shape):
                 keys = [found.dispatch(problem, arch, t).key for t in (default, tuned)]
                 row = {"problem": list(problem), "shape": list(shape),

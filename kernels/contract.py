@@ -136,7 +136,10 @@ class KernelFamily:
     abi: ClassVar[tuple[TensorArg | ValueArg, ...]]
     builder: ClassVar[str]  # "package.module" defining compile(key, arch)
     default_shapes: ClassVar[tuple[Shape, ...]] = ()
-    # How a shape is written on the command line (`aot-build --shape FAMILY:K,N`), for help texts.
+    # A shape's dims in order (`aot-build --shape FAMILY:N,K`), for help texts and `parse_ints`;
+    # GEMMs write the weight's shape, w [N, K], so every family and command reads one order.
+    # Each family also takes its dims named, in any order (`N=256,K=7168`), and may refuse a
+    # positional form it could misread (e.g. N > K where that means an older K,N order).
     shape_syntax: ClassVar[str] = ""
     # The one family that `--shape DIMS` without a `FAMILY:` prefix means (older command lines).
     unprefixed_shapes: ClassVar[bool] = False
@@ -295,14 +298,31 @@ def dispatch_with(family: KernelFamily, problem: Problem, arch: str, table: Tabl
 
 
 def parse_ints(family: KernelFamily, text: str, syntax: str) -> tuple[int, ...]:
-    """`"12,7168,256"` -> (12, 7168, 256), as many as `syntax` names; refuses anything else."""
-    count = len(syntax.split(","))
+    """The dims `syntax` names (`"M,N,K"`), in that order, from positional text (`"12,256,7168"`)
+    or named text in any order (`"M=12,N=256,K=7168"`, names in any case); refuses anything
+    else, a mix of both forms included. Every family's shape and problem text is read here."""
+    names = [name.strip() for name in syntax.split(",")]
+    parts = [part.strip() for part in text.split(",")]
+    if "=" in text:
+        named = dict(part.partition("=")[::2] for part in parts)
+        named = {name.strip().upper(): value for name, value in named.items()}
+        wanted = [name.upper() for name in names]
+        exact = len(named) == len(parts) and sorted(named) == sorted(wanted)
+        parts = [named[name] for name in wanted] if exact else []
     try:
-        values = tuple(int(part) for part in text.split(","))
+        values = tuple(int(part) for part in parts)
     except ValueError:
         values = ()
-    if len(values) != count or any(value < 1 for value in values):
+    if len(values) != len(names) or any(value < 1 for value in values):
+        example = ",".join(f"{name}=<{name.lower()}>" for name in names)
         raise UnsupportedProblemError(
-            f"{family.name}: {text!r} is not {syntax} ({count} positive integers)"
+            f"{family.name}: {text!r} is not {syntax} ({len(names)} positive integers in that "
+            f"order, or named: {example})"
         )
     return values
+
+
+def named_spelling(syntax: str, values: Sequence[int]) -> str:
+    """(12, 256, 7168) of "M,N,K" -> "M=12,N=256,K=7168": the form no order can confuse."""
+    names = [name.strip() for name in syntax.split(",")]
+    return ",".join(f"{name}={value}" for name, value in zip(names, values, strict=True))

@@ -390,17 +390,17 @@ def test_presets_cover_the_reference_models_and_the_default_shapes():
     router = family("router_gemm")
     shapes = {name: family_shapes(model, router) for name, model in PRESETS.items()}
     assert shapes == {
-        "deepseek-v3": [(7168, 256)],
-        "deepseek-v3.2": [(7168, 256)],
-        "deepseek-v4-pro": [(7168, 384)],
-        "deepseek-v4-flash": [(4096, 256)],
-        "glm-5.2": [(6144, 256)],
-        "inkling": [(6144, 264)],
-        "gpt-oss-120b": [(2880, 128)],
-        "gpt-oss-20b": [(2880, 32)],
-        "kimi-k2": [(7168, 384)],
-        "qwen3-235b-a22b": [(4096, 128)],
-        "qwen3-30b-a3b": [(2048, 128)],
+        "deepseek-v3": [(256, 7168)],
+        "deepseek-v3.2": [(256, 7168)],
+        "deepseek-v4-pro": [(384, 7168)],
+        "deepseek-v4-flash": [(256, 4096)],
+        "glm-5.2": [(256, 6144)],
+        "inkling": [(264, 6144)],
+        "gpt-oss-120b": [(128, 2880)],
+        "gpt-oss-20b": [(32, 2880)],
+        "kimi-k2": [(384, 7168)],
+        "qwen3-235b-a22b": [(128, 4096)],
+        "qwen3-30b-a3b": [(128, 2048)],
         "llama-3-8b": [],  # dense models: no router
         "llama-3-70b": [],
         "qwen3-32b": [],
@@ -423,13 +423,13 @@ def test_presets_cover_the_reference_models_and_the_default_shapes():
 @pytest.mark.parametrize(
     "config, shape",
     [
-        ({"hidden_size": 7168, "n_routed_experts": 256, "num_experts_per_tok": 8}, (7168, 256)),
-        ({"hidden_size": 4096, "num_local_experts": 8}, (4096, 8)),
-        ({"hidden_size": 2048, "num_experts": 128, "n_routed_experts": None}, (2048, 128)),
-        ({"text_config": {"hidden_size": 5120, "num_local_experts": 16}}, (5120, 16)),
+        ({"hidden_size": 7168, "n_routed_experts": 256, "num_experts_per_tok": 8}, (256, 7168)),
+        ({"hidden_size": 4096, "num_local_experts": 8}, (8, 4096)),
+        ({"hidden_size": 2048, "num_experts": 128, "n_routed_experts": None}, (128, 2048)),
+        ({"text_config": {"hidden_size": 5120, "num_local_experts": 16}}, (16, 5120)),
         ({"hidden_size": 1, "llm_config": {"hidden_size": 3072, "moe_num_experts": 64}},
-         (3072, 64)),
-        ({"num_experts": 32, "language_config": {"hidden_size": 1536}}, (1536, 32)),
+         (64, 3072)),
+        ({"num_experts": 32, "language_config": {"hidden_size": 1536}}, (32, 1536)),
     ],
 )  # fmt: skip
 def test_hf_config_gives_the_router_shape(tmp_path, config, shape):

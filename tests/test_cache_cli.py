@@ -430,7 +430,7 @@ def test_explain_neither_imports_cutlass_nor_loads_a_library(bundles, tmp_path):
         "import sys\n"
         "from pathlib import Path\n"
         "from cute_aot.runtime.aot_cache.cli import main\n"
-        f"main(['explain', 'router_gemm', '--shape', '12,7168,256', '--bundle', {str(folder)!r}],"
+        f"main(['explain', 'router_gemm', '--shape', '12,256,7168', '--bundle', {str(folder)!r}],"
         " standalone_mode=False)\n"
         "maps = open('/proc/self/maps').read()\n"
         "assert 'cutlass' not in sys.modules, 'cutlass imported'\n"

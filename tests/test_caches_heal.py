@@ -16,7 +16,7 @@ from cute_aot.runtime import REGISTRY, jit, overlay
 
 ARCH = "sm_90a"
 ROUTER = family("router_gemm")
-MISS_KEY = ROUTER.dispatch(ROUTER.parse_problem("1,2880,128"), ARCH).key  # not in any bundle
+MISS_KEY = ROUTER.dispatch(ROUTER.parse_problem("1,128,2880"), ARCH).key  # not in any bundle
 
 
 def test_a_refused_entry_is_set_aside_and_replaced(fresh_runtime):
@@ -127,7 +127,7 @@ def test_a_damaged_overlay_entry_is_replaced_and_used_by_the_next_process(fresh_
         from cute_aot.kernels import family
         from cute_aot.runtime import REGISTRY, jit
         router = family("router_gemm")
-        key = router.dispatch(router.parse_problem("1,2880,128"), "{ARCH}").key
+        key = router.dispatch(router.parse_problem("1,128,2880"), "{ARCH}").key
         function = REGISTRY.resolve(key, "{ARCH}")
         print(json.dumps({{"compiles": jit.compile_count, "type": type(function).__name__,
                            "cutlass": any(m.split(".")[0] == "cutlass" for m in sys.modules)}}))

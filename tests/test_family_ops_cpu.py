@@ -23,7 +23,7 @@ from cute_aot.runtime.misses import miss_log_path, read_misses
 ARCH = "sm_90a"
 CPU = -1  # torch's device index of a CPU tensor
 ROUTER = family("router_gemm")
-PROBLEM = ROUTER.parse_problem("2,64,8")
+PROBLEM = ROUTER.parse_problem("2,8,64")
 
 
 def _fake_bundle(key, function) -> LoadedBundle:
@@ -148,6 +148,7 @@ def test_a_second_thread_waits_for_the_bundles_of_the_environment(fresh_runtime,
         return []
 
     monkeypatch.setattr(REGISTRY, "_load", slow_load)
+    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(fresh_runtime.parent))
     loader = threading.Thread(target=REGISTRY.load_from_env)
     loader.start()
     assert started.wait(5)

@@ -124,7 +124,7 @@ def test_a_bundle_entry_of_any_key_re_derives(key_class, tmp_path):
 
 
 def test_every_enumerated_key_is_distinct_for_every_arch_and_shape():
-    shapes = [*DEFAULT_SHAPES, (2880, 128), (6144, 264), (14400, 256), (512, 64), (2040, 32)]
+    shapes = [*DEFAULT_SHAPES, (128, 2880), (264, 6144), (256, 14400), (64, 512), (32, 2040)]
     for arch in SUPPORTED_ARCHS:
         keys = enumerate_keys(arch, shapes)
         assert len({k.id for k in keys}) == len({k.symbol for k in keys}) == len(set(keys))

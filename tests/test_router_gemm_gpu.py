@@ -49,8 +49,8 @@ def _check(out, x, w):
     return err.max().item(), cos.item()
 
 
-@pytest.mark.parametrize("k, n", DEFAULT_SHAPES)
-def test_every_default_key_matches_fp32_reference(k, n):
+@pytest.mark.parametrize("n, k", DEFAULT_SHAPES)
+def test_every_default_key_matches_fp32_reference(n, k):
     from cute_aot.runtime import router_gemm
 
     _bundles_loaded()

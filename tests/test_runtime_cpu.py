@@ -96,7 +96,7 @@ def test_router_shapes_come_from_moe_gate_weights():
     model = torch.nn.ModuleDict(
         {"a": Block(64, 8), "b": Block(64, 8), "c": Block(128, 16), "d": Router()}
     )
-    assert model_shapes(model) == {"router_gemm": [(64, 8), (128, 16), (2880, 128)]}
+    assert model_shapes(model) == {"router_gemm": [(8, 64), (16, 128), (128, 2880)]}
     assert model_shapes(torch.nn.Linear(64, 8, dtype=torch.bfloat16)) == {}
     fp32 = torch.nn.ModuleDict({"a": torch.nn.ModuleDict({"gate": torch.nn.Linear(64, 8)})})
     assert router_shapes(fp32) == []

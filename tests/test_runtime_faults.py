@@ -146,9 +146,7 @@ def test_a_bundle_folder_that_appears_later_is_loaded(router_op, monkeypatch, tm
 
 
 # -- 6: umask 002 --------------------------------------------------------------------------------
-def test_under_umask_002_the_library_cache_is_private_and_trusted_next_time(
-    stub_bundles, tmp_path
-):
+def test_under_umask_002_the_library_cache_is_private_and_trusted_next_time(stub_bundles, tmp_path):
     _, paths, _ = stub_bundles
     bundle = next(p for p in paths if "sm_90a" in p.name)
     script = textwrap.dedent(
@@ -385,7 +383,8 @@ def test_a_damaged_entry_found_at_first_use_falls_back_in_mode_auto(
     write_bundle(lying, dataclasses.replace(manifest, entries=entries), library)
     REGISTRY.load(lying, gpu_arch=ARCH)
     problem = next(
-        p for p in (ROUTER.parse_problem(s) for s in ("M=2,N=256,K=4096", "M=12,N=256,K=7168"))
+        p
+        for p in (ROUTER.parse_problem(s) for s in ("M=2,N=256,K=4096", "M=12,N=256,K=7168"))
         if ROUTER.dispatch(p, ARCH).key == key
     )
     x, w = _inputs(problem)
@@ -414,3 +413,39 @@ def test_a_callers_mistake_is_not_chained_to_an_internal_lookup(router_op):
     with pytest.raises(InputError, match="x must be bfloat16") as info:
         ops.op("router_gemm")(x.float(), w)
     assert info.value.__context__ is None and info.value.__cause__ is None
+
+
+def test_sixteen_processes_load_one_bundle_into_an_empty_cache(stub_bundles, tmp_path):
+    _, paths, plan = stub_bundles
+    bundle = next(p for p in paths if "sm_90a" in p.name)
+    cache = tmp_path / "cache"
+    script = textwrap.dedent(
+        f"""
+        import json
+        from cute_aot.runtime.loader import open_bundle
+        opened = open_bundle({str(bundle)!r}, "sm_90a")
+        function = opened.function({plan[ARCH][0].id!r})
+        print(json.dumps({{"where": opened.library_path, "type": type(function).__name__}}))
+        """
+    )
+    env = {**os.environ, "CUTE_AOT_CACHE_DIR": str(cache)}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for _ in range(16)
+    ]
+    reports = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    manifest, library = read_bundle(bundle)
+    (copy,) = (cache / "libs").glob("*.so")
+    assert copy.read_bytes() == library and not list((cache / "libs").glob("*.tmp"))
+    assert {r["type"] for r in reports} == {"Function"}
+    assert {r["where"] for r in reports} == {str(copy)}

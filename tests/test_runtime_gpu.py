@@ -133,7 +133,7 @@ def test_preload_model_resolves_every_router_shape(fresh_runtime):
             )
         }
     )
-    assert preload_model(model) == {"router_gemm": [(7168, 256)]}
+    assert preload_model(model) == {"router_gemm": [(256, 7168)]}
     device, arch = torch.cuda.current_device(), current_gpu_arch()
     op = family_op("router_gemm")
     for m in range(1, 17):

@@ -123,7 +123,7 @@ def test_on_the_gpu_the_c_table_serves_the_router_and_matches_the_bare_kernel(fr
         ours, bare = torch.empty(m, 256, device="cuda"), torch.empty(m, 256, device="cuda")
         call(x, w, out=ours)  # resolves, puts
         call(x, w, out=ours)  # through the C table
-        key = router.dispatch(router.parse_problem(f"{m},7168,256"), arch).key
+        key = router.dispatch(router.parse_problem(f"{m},256,7168"), arch).key
         REGISTRY.resolve(key, arch)(x, w, bare)
         torch.cuda.synchronize()
         assert torch.equal(ours, bare)

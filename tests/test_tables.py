@@ -101,14 +101,14 @@ def test_gemm_tuned_rows_serve_their_m_range():
 
 
 def test_keys_are_enumerated_with_the_table():
-    plain = set(ROUTER.enumerate_keys(ARCH, [(64, 8)]))
-    tuned = set(ROUTER.enumerate_keys(ARCH, [(64, 8)], router_tuned()))
+    plain = set(ROUTER.enumerate_keys(ARCH, [(8, 64)]))
+    tuned = set(ROUTER.enumerate_keys(ARCH, [(8, 64)], router_tuned()))
     assert tuned - plain == {ROUTER.Key("splitk", 0, 0, 0, 3, 2, True)}
 
 
 # -- build -> manifest -> runtime ----------------------------------------------------------------
 def _build(tmp_path: Path, name: str, tables: dict | None = None) -> Path:
-    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(64, 8)]},
+    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(8, 64)]},
                      default_shapes=False, tables=tables or {})  # fmt: skip
     outcome = run_build(plan, tmp_path / name, name=name, jobs=1, show_progress=False,
                         worker=stub_compile)  # fmt: skip
@@ -179,7 +179,7 @@ def test_show_tables_diff_and_explain_name_the_table(tmp_path):
     assert change["digest"] == [ROUTER.default_table(ARCH).digest, router_tuned().digest]
     assert change["fields"]["rows"]["added"] == router_tuned().data["rows"]
 
-    explained = runner.invoke(aot_cache, ["explain", "router_gemm", "--shape", "2,64,8", "--arch",
+    explained = runner.invoke(aot_cache, ["explain", "router_gemm", "--shape", "2,8,64", "--arch",
                                           ARCH, "--bundle", str(tuned), "--json"])  # fmt: skip
     (decision,) = json.loads(explained.output)["decisions"]
     assert decision["key"]["backend"] == "splitk" and decision["source"] == "bundle"
@@ -215,7 +215,7 @@ def test_shards_carry_the_table_into_the_merged_bundles(tmp_path):
     from cute_aot.aot.shard import Shard
 
     tables = {("router_gemm", ARCH): router_tuned()}
-    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(64, 8)]},
+    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(8, 64)]},
                      default_shapes=False, tables=tables)  # fmt: skip
     for index in range(2):
         run_build(plan, tmp_path / "shards", name="t", jobs=1, show_progress=False,
@@ -245,7 +245,7 @@ def _cli_build(monkeypatch, tmp_path, *args) -> Path:
 def test_aot_build_tables_option_records_the_table_it_enumerated_with(monkeypatch, tmp_path):
     path = tmp_path / "tables.json"
     write_tables(path, [router_tuned()])
-    args = ("--no-default-shapes", "--shape", "64,8")
+    args = ("--no-default-shapes", "--shape", "8,64")
     manifest = read_manifest(_cli_build(monkeypatch, tmp_path, "--tables", str(path), *args))
     assert Table.from_record(manifest.families["router_gemm"]["table"], "m") == router_tuned()
     assert ROUTER.Key("splitk", 0, 0, 0, 3, 2, True).id in {e.key_id for e in manifest.entries}

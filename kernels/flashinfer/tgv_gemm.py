@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_for_capability, normalize_arch
-from cute_aot.kernels.contract import Dispatch, KernelFamily, Patch, TensorArg
+from cute_aot.kernels.contract import Dispatch, KernelFamily, Patch, TensorArg, parse_ints
 from cute_aot.kernels.flashinfer import REQUIRES, dtype_name
 from cute_aot.kernels.keys import KernelKey
 
@@ -241,8 +241,7 @@ def serving_run(original, serving, module):
     # (device, dtype, tactic, pdl, bias?, leading dims) -> the bundle's function, or None where
     # FlashInfer compiles: resolved once (a miss is recorded once, not at every call), again
     # after bundles are loaded or cleared or the mode changes.
-    functions: dict[tuple, Any] = {}
-    serving.on_change(functions.clear)
+    functions = serving.resolutions()
 
     def run_tgv_cute_ext(a, b, bias, out, pdl, tactic):
         if tactic >= first_sm107:  # SM107-only tactics: FlashInfer's (it refuses them elsewhere)
@@ -254,10 +253,11 @@ def serving_run(original, serving, module):
         a_, b_, c_ = b3.transpose(-2, -1), a3.transpose(-2, -1), out3.transpose(-2, -1)
         layout = (leading_dim(a_), leading_dim(b_), leading_dim(c_))
         lookup = (a.device, a.dtype, tactic, bool(pdl), bias is not None, layout)
-        try:
-            function = functions[lookup]
-        except KeyError:
-            function = functions[lookup] = _resolve(a, bias, out, pdl, tactic, layout)
+        function = functions.get(lookup)
+        if function is functions.MISSING:
+            started = functions.now()
+            function = _resolve(a, bias, out, pdl, tactic, layout)
+            functions.put(lookup, function, started)
         if function is None:
             return original(a, b, bias, out, pdl, tactic)
         if bias is None:
@@ -403,11 +403,12 @@ class TgvGemmFamily(KernelFamily):
         return n, k
 
     def parse_problem(self, text: str, dtypes: str | None = None) -> TgvProblem:
-        """ "M,N,K" then optionally "bias", "pdl" (or "pdl=none") and "tactic=T"."""
+        """ "M,N,K" (or named, "M=1,N=1280,K=2880") then optionally "bias", "pdl" (or
+        "pdl=none") and "tactic=T"."""
         parts = [part.strip() for part in text.split(",")]
         try:
-            m, n, k = (int(part) for part in parts[:3])
-        except ValueError:
+            m, n, k = parse_ints(self, ",".join(parts[:3]), "M,N,K")
+        except UnsupportedProblemError:
             m = n = k = 0
         named = {part.strip() for part in (dtypes or "bfloat16").split(",")}
         dtype = named.pop() if len(named) == 1 else ",".join(sorted(named))  # one for all

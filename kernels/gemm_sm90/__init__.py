@@ -406,11 +406,15 @@ class GemmSm90Family(KernelFamily):
         return n, k
 
     def parse_problem(self, text: str, dtypes: str | None = None) -> GemmProblem:
-        """`M,N,K` (bias read) or `M,N,K,0` (no bias); --dtype names x and w's dtype."""
+        """`M,N,K` (bias read) or `M,N,K,0` (no bias), the dims also named (`M=7,N=6144,K=4096`);
+        --dtype names x and w's dtype."""
         values = text.split(",")
         has_bias = True
         if len(values) == 4:
-            has_bias = values.pop().strip() not in ("0", "false", "False")
+            flag = values.pop().strip().lower().removeprefix("bias=")
+            if flag not in ("0", "1", "false", "true"):  # not a dim misread as a bias flag
+                raise UnsupportedProblemError(f"{self.name}: {text!r} is not M,N,K[,0|1]")
+            has_bias = flag in ("1", "true")
         m, n, k = parse_ints(self, ",".join(values), "M,N,K")
         return GemmProblem(m, n, k, (dtypes or self.dtype).split(",")[0].strip(), has_bias)
 

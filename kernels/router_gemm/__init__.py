@@ -3,6 +3,9 @@
 out[M, N] fp32 = x[M, K] bf16 @ w[N, K]^T bf16, M = 1..16 tokens, N = experts. Two kernels:
 ``dot`` (one CTA per expert, M and K compiled in) and ``splitk`` (cluster split-K, all sizes
 symbolic). This module never imports cutlass: the server imports it on every call path.
+
+A weight shape is (N, K), w's shape, as every command writes it (`N,K`, problems `M,N,K`);
+`RouterProblem` keeps its fields in (M, K, N) order, which `preload` tuples have always used.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from typing import NamedTuple
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_family, normalize_arch
-from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
+from cute_aot.kernels.contract import (
+    Dispatch,
+    KernelFamily,
+    TensorArg,
+    named_spelling,
+    parse_ints,
+)
 from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.tables import Table, packaged_tables
 
@@ -30,9 +39,10 @@ ALIGN_BYTES = 16  # every tensor's base address; K % 8 keeps every row 16-byte a
 K_DIVISOR = 8
 MAX_TOKENS = 16
 
-# (K, N) of the models the default bundles serve: DeepSeek-V3/V3.2, DeepSeek-V4-Pro,
-# DeepSeek-V4-Flash, GLM-5.2.
-DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((7168, 256), (7168, 384), (4096, 256), (6144, 256))
+# Weight shapes (N, K) = w's [experts, hidden] of the models the default bundles serve:
+# DeepSeek-V3/V3.2, DeepSeek-V4-Pro, DeepSeek-V4-Flash, GLM-5.2.
+DEFAULT_SHAPES: tuple[tuple[int, int], ...] = ((256, 7168), (384, 7168), (256, 4096), (256, 6144))
+SHAPE_SYNTAX, PROBLEM_SYNTAX = "N,K", "M,N,K"
 
 
 @dataclass(frozen=True)
@@ -145,8 +155,8 @@ def dispatch(
 
 
 def problems(shapes: Iterable[tuple[int, int]] = DEFAULT_SHAPES) -> Iterator[tuple[int, int, int]]:
-    """Every (M, K, N) a server can ask for with these (K, N) weight shapes."""
-    for k, n in shapes:
+    """Every (M, K, N) a server can ask for with these (N, K) weight shapes."""
+    for n, k in shapes:
         for m in range(1, MAX_TOKENS + 1):
             yield m, k, n
 
@@ -223,6 +233,24 @@ def tuned_table(arch: str, winners: list, provenance: dict) -> Table:
     return Table(FAMILY, base.arch, {"defaults": base.data["defaults"], "rows": rows}, provenance)
 
 
+def refuse_older_order(text: str, syntax: str, values: tuple[int, ...]) -> None:
+    """Refuse positional dims with N > K. Before N,K the router read K,N (and M,K,N): an old
+    command line's pair has N > K (hidden sizes are thousands, expert counts hundreds), and
+    read as N,K it would build or explain the wrong problem without a word. A router with N > K
+    is written named, which no order can confuse."""
+    dims = dict(zip(syntax.split(","), values, strict=True))
+    if "=" in text or dims["N"] <= dims["K"]:
+        return
+    swap = {"N": "K", "K": "N"}
+    fixed = [dims[swap.get(d, d)] for d in dims]
+    older = ",".join(swap.get(d, d) for d in dims)
+    raise UnsupportedProblemError(
+        f"{FAMILY}: {text!r} reads as N={dims['N']} experts > K={dims['K']} hidden, the older "
+        f"{older} order; the order is {syntax} (w is [N, K]): write "
+        f"{','.join(map(str, fixed))}, or {named_spelling(syntax, values)} if N > K is meant"
+    )
+
+
 class RouterProblem(NamedTuple):
     m: int
     k: int
@@ -245,8 +273,8 @@ class RouterGemmFamily(KernelFamily):
     )
     builder = f"{__name__}.build"
     default_shapes = DEFAULT_SHAPES
-    shape_syntax = "K,N"
-    unprefixed_shapes = True  # `aot-build --shape K,N` has always meant the router
+    shape_syntax = SHAPE_SYNTAX
+    unprefixed_shapes = True  # a plain `aot-build --shape N,K` means the router, as it always has
 
     def problem(self, x, w) -> RouterProblem:
         from cute_aot.artifacts.errors import InputError
@@ -280,12 +308,16 @@ class RouterGemmFamily(KernelFamily):
             yield RouterProblem(m, k, n)
 
     def parse_shape(self, text: str) -> tuple[int, int]:
-        k, n = parse_ints(self, text, self.shape_syntax)
+        """`N,K` (w's shape) with N <= K, or named (`N=256,K=7168`) for any N."""
+        n, k = parse_ints(self, text, SHAPE_SYNTAX)
+        refuse_older_order(text, SHAPE_SYNTAX, (n, k))
         check_problem(1, k, n)
-        return k, n
+        return n, k
 
     def parse_problem(self, text: str, dtypes: str | None = None) -> RouterProblem:
-        m, k, n = parse_ints(self, text, "M,K,N")
+        """`M,N,K` with N <= K, or named (`M=12,N=256,K=7168`) for any N."""
+        m, n, k = parse_ints(self, text, PROBLEM_SYNTAX)
+        refuse_older_order(text, PROBLEM_SYNTAX, (m, n, k))
         x_dtype, w_dtype = (dtypes or f"{X_DTYPE},{W_DTYPE}").split(",", 1)
         return RouterProblem(m, k, n, x_dtype.strip(), w_dtype.strip())
 
@@ -293,7 +325,7 @@ class RouterGemmFamily(KernelFamily):
         return RouterProblem(*problem)._asdict()
 
     def shapes_from_model(self, config: dict) -> list[tuple[int, int]]:
-        """The MoE router's (K = hidden_size, N = routed experts); [] for a dense model."""
+        """The MoE router's (N = routed experts, K = hidden_size); [] for a dense model."""
         hidden = config.get("hidden_size")
         experts = next(
             (config[f] for f in EXPERT_FIELDS if isinstance(config.get(f), int) and config[f] > 0),
@@ -302,10 +334,10 @@ class RouterGemmFamily(KernelFamily):
         if not isinstance(hidden, int) or experts is None:
             return []
         check_problem(1, hidden, experts)
-        return [(hidden, experts)]
+        return [(experts, hidden)]
 
     def shapes_from_torch_model(self, model) -> list[tuple[int, int]]:
-        """(K, N) of every MoE gate: 2-D bf16 weights named like a router."""
+        """(N, K) of every MoE gate (its weight's shape): 2-D bf16 weights named like a router."""
         import torch
 
         shapes = []
@@ -316,7 +348,7 @@ class RouterGemmFamily(KernelFamily):
                 and parameter.dtype == torch.bfloat16
                 and parameter.shape[1] % K_DIVISOR == 0
             ):
-                shape = (int(parameter.shape[1]), int(parameter.shape[0]))
+                shape = (int(parameter.shape[0]), int(parameter.shape[1]))
                 if shape not in shapes:
                     shapes.append(shape)
         return shapes

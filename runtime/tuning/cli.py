@@ -213,11 +213,24 @@ def _current_arch() -> str:
     return arch
 
 
+def _parse_shapes(found: KernelFamily, texts) -> list:
+    """Each --shape by the family's own rule (as aot-build reads it), before the GPU is looked
+    at: a shape the family refuses is a usage error that costs no device time."""
+    try:
+        return [tuple(found.parse_shape(text)) for text in texts]
+    except ValueError as exc:  # UnsupportedProblemError, or a plug-in's own ValueError
+        raise click.BadParameter(str(exc), param_hint="--shape") from None
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--family", "family_name", required=True, help="Kernel family to tune.")
 @click.option("--arch", help="Architecture of this GPU (default: detected); checked against it.")
 @click.option(
-    "--shape", "shape_texts", multiple=True, help="Shape to tune (family syntax), repeatable."
+    "--shape",
+    "shape_texts",
+    multiple=True,
+    help="Shape to tune, repeatable, as aot-build --shape writes it without the FAMILY: prefix "
+    "(a GEMM's weight N,K, or named: N=256,K=7168).",
 )
 @click.option("--model", "models", multiple=True, help="Tune a model preset's shapes.")
 @click.option(
@@ -241,13 +254,13 @@ def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results
     console = Console(stderr=True)
     try:
         found = family(family_name)
+        shapes = _parse_shapes(found, shape_texts)
         detected = _current_arch()
         arch = normalize_arch(arch) if arch else detected
         if arch != detected:
             raise click.UsageError(f"this GPU is {detected}: it cannot tune for {arch}")
         if found.default_table(arch) is None:
             raise click.UsageError(f"{family_name} has no dispatch table for {arch}")
-        shapes = [found.parse_shape(text) for text in shape_texts]
         for name in models:
             shapes += model_shapes.family_shapes(model_shapes.preset(name), found)
         shapes = list(dict.fromkeys(shapes or found.default_shapes))
