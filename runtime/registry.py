@@ -27,7 +27,7 @@ from cute_aot.artifacts.errors import (
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import foreign_facts, installed_family, source_is_current
 from cute_aot.kernels.tables import Table
-from cute_aot.runtime import epoch, overlay, paths
+from cute_aot.runtime import epoch, overlay, paths, sources
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
 from cute_aot.runtime.mode import Mode, current_mode
@@ -151,10 +151,11 @@ class Registry:
         """
         return self._load(sources, gpu_arch, skip_bad_files=False)
 
-    def _load(self, sources, gpu_arch: str | None, skip_bad_files: bool) -> list[LoadedBundle]:
+    def _load(self, given, gpu_arch: str | None, skip_bad_files: bool) -> list[LoadedBundle]:
         gpu_arch = gpu_arch or current_gpu_arch()
         loaded = []
-        for source in map(Path, sources):
+        local = [path for source in given for path in sources.local_paths(os.fspath(source))]
+        for source in local:
             if source.is_dir():
                 for path in paths.expand_bundle_paths([source]):
                     loaded.append(self._open(path, gpu_arch, in_folder=True, skip_bad=True))
@@ -215,7 +216,7 @@ class Registry:
         is done: none may see an empty registry while the first one loads. A source that is
         missing or cannot be read now is skipped with one warning and tried again next time;
         a bad bundle file in it is skipped for good (mode auto)."""
-        pending = [s for s in settings.bundle_sources() if s not in self._env_done]
+        pending = [s for s in sources.environment_sources() if s not in self._env_done]
         if not pending or time.monotonic() < self._env_retry_at:
             return
         with self._lock:
@@ -224,9 +225,11 @@ class Registry:
                 if source in self._env_done:
                     continue
                 try:
-                    if not os.path.exists(source):
-                        raise FileNotFoundError(errno.ENOENT, "no such file or folder", source)
-                    self._load([source], None, skip_bad_files=True)
+                    found = sources.local_paths(source)
+                    for path in found:
+                        if not path.exists():
+                            raise FileNotFoundError(errno.ENOENT, "no such file or folder", source)
+                    self._load(found, None, skip_bad_files=True)
                 except OSError as exc:
                     if current_mode() is Mode.AOT and not isinstance(exc, FileNotFoundError):
                         raise
@@ -241,7 +244,7 @@ class Registry:
     def env_pending(self) -> bool:
         """Whether a CUTE_AOT_BUNDLES source could not be read yet: resolutions that fell back
         are then not remembered, so that the source is tried again (every ENV_RETRY_SECONDS)."""
-        return any(s not in self._env_done for s in settings.bundle_sources())
+        return any(s not in self._env_done for s in sources.environment_sources())
 
     # -- resolution ------------------------------------------------------------------------------
     def bundle_function(self, family: str, key_id: str, arch: str) -> Callable | None:
