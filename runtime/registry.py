@@ -1,6 +1,9 @@
-"""Which kernel serves which (architecture, family, key): the one resolution function.
+"""The loaded bundles: which bundle holds which (architecture, family, key), which dispatch
+table a family uses, and the overlay's entries.
 
-resolve() decides, by mode: bundle -> overlay -> JIT (auto), bundle only (aot), JIT only (jit).
+Loading (explicit sources, then what runtime/sources.py finds: CUTE_AOT_BUNDLES and installed
+bundle wheels) and staleness live here; which source serves a problem, and what a failure falls
+back to, is runtime/policy.py's one decision. Every change moves the resolution epoch.
 """
 
 from __future__ import annotations
