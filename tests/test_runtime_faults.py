@@ -449,3 +449,65 @@ def test_sixteen_processes_load_one_bundle_into_an_empty_cache(stub_bundles, tmp
     assert copy.read_bytes() == library and not list((cache / "libs").glob("*.tmp"))
     assert {r["type"] for r in reports} == {"Function"}
     assert {r["where"] for r in reports} == {str(copy)}
+
+
+# -- CI fault injection: read-only $HOME, a full disk, a read-only miss log ----------------------
+def test_a_server_with_a_read_only_home_loads_and_falls_back(stub_bundles, tmp_path):
+    _, paths, plan = stub_bundles
+    bundle = next(p for p in paths if "sm_90a" in p.name)
+    script = textwrap.dedent(
+        f"""
+        import json, warnings
+        warnings.simplefilter("ignore")
+        import torch
+        from cute_aot.kernels import family
+        from cute_aot.runtime import REGISTRY, counters, jit, load_bundles, policy
+        jit.jit_available = lambda: False  # a server without the compiler
+        (opened,) = load_bundles({str(bundle)!r}, gpu_arch="sm_90a")
+        router = family("router_gemm")
+        missing = router.dispatch(router.parse_problem("M=1,N=128,K=2880"), "sm_90a").key
+        served = policy.resolve("router_gemm", "sm_90a", lambda: missing,
+                                reference=lambda: "torch reference")
+        hit = REGISTRY.bundle_function("router_gemm", {plan[ARCH][0].id!r}, "sm_90a")
+        print(json.dumps({{"where": opened.library_path, "served": served.source,
+                           "hit": type(hit).__name__, "counters": counters()}}))
+        """
+    )
+    with read_only_folder(tmp_path / "home") as home:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CUTE_AOT_", "XDG_"))}
+        env["HOME"] = str(home)
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["where"].startswith("memfd:") and report["hit"] == "Function"
+    assert report["served"] == "reference"
+    assert report["counters"]["router_gemm"]["degradations"] >= 2  # overlay, then JIT
+
+
+def test_a_full_cache_disk_loads_libraries_from_memory(stub_bundles, monkeypatch, tmp_path):
+    from cute_aot.runtime import library_store
+
+    _, paths, _ = stub_bundles
+    bundle = next(p for p in paths if "sm_90a" in p.name)
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
+        fill(disk)
+        monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(disk / "cache"))
+        with pytest.warns(RuntimeWarning, match="cannot hold verified libraries"):
+            opened = open_bundle(bundle, ARCH)
+        assert opened.library_path.startswith("memfd:")
+        assert isinstance(library_store.store(), library_store.MemoryStore)
+        assert not list(disk.rglob("*.so")) and not list(disk.rglob("*.tmp"))
+
+
+def test_a_miss_log_on_a_read_only_filesystem_warns_once(fresh_runtime, monkeypatch, tmp_path):
+    import warnings
+
+    with read_only_folder(tmp_path / "ro") as folder:
+        monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(folder / "misses.jsonl"))
+        with pytest.warns(RuntimeWarning, match="cannot write the miss log"):
+            record_miss(KEY, ARCH, {})
+        other = ROUTER.dispatch(ROUTER.parse_problem("M=1,N=24,K=64"), ARCH).key
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            record_miss(other, ARCH, {})  # said once; never raises
