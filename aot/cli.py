@@ -2,6 +2,7 @@
 
 aot-build [OPTIONS]                  build (all of it, or one --shard i/n of it)
 aot-build merge SHARD_DIR... --out   link the shards' objects into the bundles
+aot-build wheel BUNDLE... --out      one pip-installable wheel per architecture of built bundles
 aot-build models [CONFIG...]         list model presets (and what local configs map to)
 
 Generic over kernel families (the `cute_aot.families` entry points): every family, shape syntax
@@ -42,6 +43,7 @@ from cute_aot.aot.build_cache import BuildCache, default_cache_root
 from cute_aot.aot.compile_pool import default_jobs
 from cute_aot.aot.report import print_summary, report_path, write_report
 from cute_aot.aot.shard import Shard
+from cute_aot.aot.wheel import write_wheels
 from cute_aot.artifacts import signing
 from cute_aot.artifacts.errors import CuteAotError, KeyFileError, TableError
 from cute_aot.kernels import KernelFamily, families, family
@@ -161,10 +163,20 @@ def _parse_shard(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
+def _existing_miss_log(ctx, param, value):
+    from cute_aot.artifacts.urls import local_path
+
+    local = local_path(value) if value else None
+    if local is not None and not local.exists():  # a URL is read (and its errors told) later
+        raise click.BadParameter(f"{value} does not exist")
+    return value
+
+
 def plan_from_misses(
     path, archs, named_families, console: Console | None = None
 ) -> dict[str, list]:
-    """{arch: keys} of a miss log, optionally narrowed to some architectures and families.
+    """{arch: keys} of a miss log (a file, a folder or a URL prefix: every server's), each key
+    once per arch, optionally narrowed to some architectures and families.
 
     Misses this machine cannot build (a family not installed here, an architecture the family
     is not built for, a key of another family version) are skipped, and said so per family.
@@ -433,6 +445,21 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
         sys.exit(1)
 
 
+# -- wheels: bundles as pip installs them (aot/wheel.py) -------------------------------------------
+WHEEL_OPTION = click.option(
+    "--wheel",
+    "write_wheel",
+    is_flag=True,
+    help="Also write one pip-installable wheel per architecture of the bundles written, into "
+    "--out beside them (as `aot-build wheel` does).",
+)
+
+
+def _write_wheels(console: Console, bundles, out_dir: Path, **naming) -> None:
+    for wheel in write_wheels(bundles, out_dir, **naming):
+        console.print(f"wrote {wheel.path} (holds {', '.join(wheel.bundles)})")
+
+
 @click.group(
     invoke_without_command=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -521,8 +548,10 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
 @click.option(
     "--from-misses",
     "misses_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Build exactly the keys of a runtime miss log (CUTE_AOT_MISS_LOG).",
+    callback=_existing_miss_log,
+    metavar="LOG",
+    help="Build exactly the keys servers missed (CUTE_AOT_MISS_LOG), once per arch: a log file, "
+    "a folder of them, or a URL prefix (s3://bucket/misses/, any fsspec protocol).",
 )
 @click.option(
     "--shard",
@@ -535,6 +564,7 @@ def _finish(console: Console, outcome: BuildOutcome, output: Output, cache, shar
     is_flag=True,
     help="Then build again from scratch (no cache) and require byte-identical bundles.",
 )
+@WHEEL_OPTION
 @output_options
 @click.pass_context
 def main(
@@ -554,6 +584,7 @@ def main(
     misses_file,
     shard,
     check_reproducible,
+    write_wheel,
     output: Output,
 ):
     """Cross-compile CuTe DSL kernels on this (CPU-only) machine: one bundle per architecture."""
@@ -562,6 +593,8 @@ def main(
         return
     if shard and check_reproducible:
         raise click.UsageError("--check-reproducible needs a whole build, not a --shard")
+    if shard and write_wheel:
+        raise click.UsageError("--wheel needs whole bundles: pass it to `aot-build merge`")
     if misses_file and (shapes or models or model_configs):
         raise click.UsageError("--from-misses builds exactly the logged keys: no --shape/--model")
     console = _console()
@@ -616,6 +649,8 @@ def main(
             )
         if bundle_signer:  # last: the reproducibility check compares unsigned builds
             sign_bundles(console, outcome.written, bundle_signer)
+        if write_wheel and outcome.written:  # after signing: wheels hold bundles as shipped
+            _write_wheels(console, [bundle.path for bundle in outcome.written], output.out_dir)
     except (CuteAotError, OSError, Stopped) as exc:
         _fail(console, "aot-build", exc)
 
@@ -769,9 +804,10 @@ def _refuse_build_options(ctx: click.Context) -> None:
 
 @main.command("merge")
 @click.argument("shards", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@WHEEL_OPTION
 @output_options
 @click.pass_context
-def merge_command(ctx, shards, output: Output):
+def merge_command(ctx, shards, write_wheel, output: Output):
     """Link the outputs of `aot-build --shard i/n` (folders, searched recursively) into bundles
     byte-identical to an unsharded build."""
     console = _console()
@@ -785,8 +821,39 @@ def merge_command(ctx, shards, output: Output):
         _finish(console, outcome, output, cache)
         if bundle_signer:
             sign_bundles(console, outcome.written, bundle_signer)
+        if write_wheel and outcome.written:
+            _write_wheels(console, [bundle.path for bundle in outcome.written], output.out_dir)
     except (CuteAotError, OSError, Stopped) as exc:
         _fail(console, "aot-build merge", exc)
+
+
+@main.command("wheel")
+@click.argument(
+    "bundles",
+    metavar="BUNDLE_OR_FOLDER...",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for the wheels.",
+)
+@click.option("--name", default=None, help="Bundle name in the wheels' names (default: theirs).")
+@click.option(
+    "--version", default=None, help="Version of the wheels (default: the bundles' version)."
+)
+def wheel_command(bundles, out_dir, name, version):
+    """One pip-installable wheel per architecture of built bundles (files or folders): the
+    bundle files byte for byte (signed ones stay signed), found by servers once installed."""
+    console = _console()
+    try:
+        _write_wheels(console, bundles, out_dir, name=name, version=version)
+    except (CuteAotError, OSError) as exc:
+        _fail(console, "aot-build wheel", exc)
 
 
 @main.command("models")

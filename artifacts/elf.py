@@ -16,6 +16,7 @@ hostile bytes end in ElfError, never in IndexError or struct.error.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +96,21 @@ class DynamicInfo:
     runpath: str | None
     functions: frozenset[str]  # defined, exported (global/weak, default/protected) functions
     versions: dict[str, tuple[str, ...]]  # needed library -> symbol versions (e.g. GLIBC_2.34)
+
+
+_GLIBC_VERSION = re.compile(r"^GLIBC_(\d+)\.(\d+)(?:\.\d+)?\Z")  # GLIBC_2.34, GLIBC_2.2.5
+
+
+def newest_glibc(info: DynamicInfo) -> tuple[int, int, str] | None:
+    """(major, minor, name) of the newest GLIBC_x.y symbol version a library needs (the glibc it
+    needs at least), None when it needs none; GLIBC_PRIVATE and the like are not versions."""
+    needed = [
+        (int(match.group(1)), int(match.group(2)), version)
+        for versions in info.versions.values()
+        for version in versions
+        if (match := _GLIBC_VERSION.match(version))
+    ]
+    return max(needed) if needed else None
 
 
 def read_dynamic(data: bytes) -> DynamicInfo:

@@ -1,9 +1,11 @@
-"""Reading the miss log: one JSON object per line, each a kernel a server had to compile.
+"""Reading miss logs: one JSON object per line, each a kernel a server had to compile.
 
-Servers write it (runtime/misses.py); the build (`aot-build --from-misses`) and the operator
-(`aot-cache misses`) read it. The reader lives here, below both, so that neither imports the
-other: one reader for the format. It streams line by line (a log may be large), reads the
-rotated generation `<log>.1` first, and never blocks on a FIFO.
+Servers write them (runtime/misses.py); the build (`aot-build --from-misses`) and the operator
+(`aot-cache misses`) read them. The reader lives here, below both, so that neither imports the
+other: one reader for the format. A source is a log file (streamed line by line, a log may be
+large; its rotated generation `<log>.1` first; never blocking on a FIFO), a folder, or a URL
+prefix of any fsspec protocol, where each server process writes a file of its own: every
+`*.jsonl` under it is read, in name order.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+
+from cute_aot.artifacts import urls
+from cute_aot.artifacts.errors import CuteAotError
 
 # What a line must hold to be a miss; anything else (a torn line of a killed writer, a foreign
 # line in a shared log) is skipped.
@@ -36,18 +41,41 @@ def _lines(path: Path) -> Iterator[bytes]:
                 yield line
 
 
-def read_misses(path: str | os.PathLike) -> list[dict]:
-    """Every well-formed miss record of a log (its rotated generation first), in file order."""
-    path = Path(path)
-    records = []
-    for part in (rotated_path(path), path):
-        if part is not path and not part.exists():
+def _records(lines) -> Iterator[dict]:
+    for line in lines:
+        if len(line) > MAX_LINE_BYTES:
             continue
-        for line in _lines(part):
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if isinstance(record, dict) and REQUIRED_FIELDS <= set(record):
-                records.append(record)
-    return records
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and REQUIRED_FIELDS <= set(record):
+            yield record
+
+
+def _log_records(path: Path) -> Iterator[dict]:
+    for part in (rotated_path(path), path):
+        if part is path or part.exists():
+            yield from _records(_lines(part))
+
+
+def _remote_records(url: str) -> Iterator[dict]:
+    fs, root = urls.filesystem(url)
+    names = [root] if fs.isfile(root) else sorted(n for n in fs.find(root) if n.endswith(".jsonl"))
+    for name in names:
+        # One object is one process's records (one line per key): small, read whole.
+        yield from _records(fs.cat_file(name).splitlines(keepends=True))
+
+
+def read_misses(source: str | os.PathLike) -> list[dict]:
+    """Every well-formed miss record of a log file, a folder or a URL prefix, in file order."""
+    local = urls.local_path(source)
+    if local is not None and not local.is_dir():
+        return list(_log_records(local))
+    if local is not None:
+        logs = sorted(path for path in local.rglob("*.jsonl") if path.is_file())
+        return [record for path in logs for record in _log_records(path)]
+    try:
+        return list(_remote_records(source))
+    except Exception as exc:  # a store's errors (botocore's, aiohttp's) are not all OSErrors
+        raise CuteAotError(f"{source}: cannot read the miss log ({exc})") from exc

@@ -11,6 +11,8 @@ format and the runtime all read their settings through it without import cycles.
 from __future__ import annotations
 
 import os
+import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,7 @@ class Setting:
 
 
 BUNDLES = Setting("CUTE_AOT_BUNDLES", "none",
-                  "bundle files or folders, ':'-separated, loaded at the first op call")  # fmt: skip
+                  "bundle files, folders or URLs, ':'-separated, loaded at the first op call")  # fmt: skip
 MODE = Setting("CUTE_AOT_MODE", "auto",
                "auto (bundle, overlay, JIT, torch), aot (bundles only; a miss raises), jit")  # fmt: skip
 CACHE_DIR = Setting(
@@ -36,7 +38,10 @@ CACHE_DIR = Setting(
     "per-user cache: verified libraries, JIT overlay, miss log, build cache (keep it 0700)",
 )
 MISS_LOG = Setting("CUTE_AOT_MISS_LOG", "<cache dir>/misses.jsonl",
-                   "where servers record the kernels they had to compile")  # fmt: skip
+                   "where servers record the kernels they had to compile: a file, or a folder or "
+                   "URL prefix (s3://bucket/misses/, any fsspec protocol) with one file per process")  # fmt: skip
+HOST = Setting("CUTE_AOT_HOST", "the host name",
+               "name this process's miss file uses; default the host name")  # fmt: skip
 TRUSTED_KEYS = Setting("CUTE_AOT_TRUSTED_KEYS", "none",
                        "ed25519 public keys (PEM files or folders, ':'-separated) bundles may be signed by")  # fmt: skip
 REQUIRE_SIGNATURE = Setting("CUTE_AOT_REQUIRE_SIGNATURE", "0",
@@ -45,19 +50,26 @@ OVERLAY_KEY = Setting("CUTE_AOT_OVERLAY_KEY", "<cache dir>/keys/overlay.pem",
                       "private key that signs JIT results in the overlay cache")  # fmt: skip
 REVERIFY = Setting("CUTE_AOT_REVERIFY", "0",
                    "1: verify every bundle's library in full at every load (audits)")  # fmt: skip
+REMOTE_UNSIGNED = Setting("CUTE_AOT_REMOTE_UNSIGNED", "0",
+                          "1: load bundles from URLs without a trusted signature (hashes are still checked)")  # fmt: skip
 
 SETTINGS: tuple[Setting, ...] = (
     BUNDLES,
     MODE,
     CACHE_DIR,
     MISS_LOG,
+    HOST,
     TRUSTED_KEYS,
     REQUIRE_SIGNATURE,
     OVERLAY_KEY,
     REVERIFY,
+    REMOTE_UNSIGNED,
 )
 
 _TRUE = ("1", "true", "yes", "on")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*\Z")
+_URL_HOST = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*\Z")
+_PORT_REST = re.compile(r"^[0-9]+(?:/|\Z)")
 
 
 def _flag(setting: Setting) -> bool:
@@ -65,8 +77,18 @@ def _flag(setting: Setting) -> bool:
 
 
 def bundle_sources() -> list[str]:
-    """CUTE_AOT_BUNDLES: files or folders, separated like PATH."""
-    return [part for part in (BUNDLES.raw() or "").split(os.pathsep) if part]
+    """CUTE_AOT_BUNDLES: files, folders or URLs, separated like PATH. A URL's own ':'s do not
+    separate: a bare scheme (`s3`) joins the `//...` after it, a URL cut at its host the port."""
+    joined: list[str] = []
+    for part in (BUNDLES.raw() or "").split(os.pathsep):
+        last = joined[-1] if joined else ""
+        if (part.startswith("//") and _SCHEME.match(last)) or (
+            _URL_HOST.match(last) and _PORT_REST.match(part)
+        ):
+            joined[-1] = last + os.pathsep + part
+        else:
+            joined.append(part)
+    return [part for part in joined if part]
 
 
 def mode_name() -> str | None:
@@ -83,8 +105,13 @@ def cache_dir() -> Path:
     return Path(base) / "cute-aot"
 
 
-def miss_log() -> Path:
-    return Path(MISS_LOG.raw() or cache_dir() / "misses.jsonl")
+def miss_log() -> str:
+    """As written (a trailing '/' or a URL means a prefix, which a Path would lose)."""
+    return MISS_LOG.raw() or str(cache_dir() / "misses.jsonl")
+
+
+def host_name() -> str:
+    return HOST.raw() or socket.gethostname()
 
 
 def trusted_keys_spec() -> str:
@@ -102,6 +129,10 @@ def overlay_key() -> Path:
 
 def reverify() -> bool:
     return _flag(REVERIFY)
+
+
+def remote_unsigned() -> bool:
+    return _flag(REMOTE_UNSIGNED)
 
 
 def current() -> dict[str, str | None]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from cute_aot.artifacts import settings, signing, toolchain
 from cute_aot.artifacts.bundle import read_bundle, read_manifest
-from cute_aot.artifacts.elf import DynamicInfo
+from cute_aot.artifacts.elf import DynamicInfo, newest_glibc
 from cute_aot.artifacts.errors import (
     DriverTooOldError,
     IncompatibleBundleError,
@@ -55,7 +55,6 @@ from cute_aot.runtime.notices import warn_once
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
 ManifestCheck = Callable[[Path, Manifest], None]
 TrustCheck = Callable[[Path, Manifest], "signing.TrustedKey | None"]
-_GLIBC_VERSION_RE = re.compile(r"^GLIBC_(\d+)\.(\d+)(?:\.\d+)?\Z")
 # (library sha256, cache dir) -> (module, where it was loaded from, its dynamic-linking facts):
 # each library is loaded once per process.
 _loaded: dict[tuple[str, str], tuple[Any, str, DynamicInfo]] = {}
@@ -237,16 +236,10 @@ def check_dependencies(path: Path, dynamic: DynamicInfo) -> None:
             raise MissingLibraryError(
                 path, name, f"library needs {name}, which is not found on this machine{hint}"
             )
-    have = _glibc_version()
-    wanted = [
-        (int(m.group(1)), int(m.group(2)), version)
-        for versions in dynamic.versions.values()
-        for version in versions
-        if (m := _GLIBC_VERSION_RE.match(version))
-    ]
-    if have is not None and wanted and max(wanted)[:2] > have:
+    have, wanted = _glibc_version(), newest_glibc(dynamic)
+    if have is not None and wanted is not None and wanted[:2] > have:
         raise IncompatibleBundleError(
-            path, f"library needs {max(wanted)[2]}, this machine has glibc {have[0]}.{have[1]}"
+            path, f"library needs {wanted[2]}, this machine has glibc {have[0]}.{have[1]}"
         )
 
 

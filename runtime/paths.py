@@ -1,4 +1,4 @@
-"""Where the runtime looks for bundles and keeps its per-machine cache (env overrides first)."""
+"""Bundle folders and the per-machine cache dir (the search order itself: runtime/sources.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,11 @@ from cute_aot.artifacts.cache_dirs import CACHE_DIR_ENV, cache_dir
 __all__ = [
     "BUNDLES_ENV",
     "CACHE_DIR_ENV",
-    "bundle_search_paths",
     "cache_dir",
     "expand_bundle_paths",
 ]
 
 BUNDLES_ENV = settings.BUNDLES.name
-
-
-def bundle_search_paths() -> list[Path]:
-    """CUTE_AOT_BUNDLES: files or folders, separated like PATH."""
-    return [Path(part) for part in settings.bundle_sources()]
 
 
 def expand_bundle_paths(paths: list[Path]) -> list[Path]:

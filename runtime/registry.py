@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cute_aot.artifacts import settings, toolchain
+from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.errors import (
     BundleError,
     DriverTooOldError,
@@ -100,7 +100,7 @@ class Registry:
         # CUTE_AOT_BUNDLES sources loaded so far: one that could not be read (a folder not
         # mounted yet, an NFS hiccup) is tried again at the next resolution, not given up on.
         self._env_done: set[str] = set()
-        self._env_retry_at = 0.0  # monotonic time before which pending sources wait
+        self._env_failed: dict[str, float] = {}  # source -> monotonic time of its next try
         # (arch, family) -> (dispatch table, the bundle it came from): the first loaded bundle
         # that carries one for the family decides; kernels of every bundle still serve any key.
         self._tables: dict[tuple[str, str], tuple[Table, Path]] = {}
@@ -215,34 +215,65 @@ class Registry:
             return None
 
     def load_from_env(self) -> None:
-        """Load what CUTE_AOT_BUNDLES names and was not loaded yet. Other threads wait until it
-        is done: none may see an empty registry while the first one loads. A source that is
-        missing or cannot be read now is skipped with one warning and tried again next time;
-        a bad bundle file in it is skipped for good (mode auto)."""
+        """Load what the environment names (runtime/sources.py: CUTE_AOT_BUNDLES, installed
+        bundle wheels) and was not loaded yet. The first attempt holds the lock: no thread sees
+        an empty registry while the first one loads. A source that cannot be read now (a folder
+        not mounted, a store that does not answer) is skipped with one warning and tried again
+        every ENV_RETRY_SECONDS: a path at the next resolution, a URL in a background thread, so
+        that no call waits on the network. A bad bundle is skipped for good (mode auto)."""
         pending = [s for s in sources.environment_sources() if s not in self._env_done]
-        if not pending or time.monotonic() < self._env_retry_at:
+        if not pending:
             return
         with self._lock:
-            self._env_retry_at = 0.0
             for source in pending:
-                if source in self._env_done:
+                retry_at = self._env_failed.get(source)
+                if source in self._env_done or (retry_at and time.monotonic() < retry_at):
                     continue
-                try:
-                    found = sources.local_paths(source)
-                    for path in found:
-                        if not path.exists():
-                            raise FileNotFoundError(errno.ENOENT, "no such file or folder", source)
-                    self._load(found, None, skip_bad_files=True)
-                except OSError as exc:
-                    if current_mode() is Mode.AOT and not isinstance(exc, FileNotFoundError):
-                        raise
-                    warn_once(("bundles-unreadable", source),
-                              f"{settings.BUNDLES.name} names {source}, which cannot be read now "
-                              f"({exc.strerror or exc}); trying again every {ENV_RETRY_SECONDS} s "
-                              "while kernels fall back")  # fmt: skip
-                    self._env_retry_at = time.monotonic() + ENV_RETRY_SECONDS
-                    continue
-                self._env_done.add(source)
+                if retry_at is not None and sources.is_url(source):
+                    self._retry_in_background(source)
+                else:
+                    self._load_source(source)
+
+    def _load_source(self, source: str, found: list[Path] | None = None) -> None:
+        try:
+            found = sources.local_paths(source) if found is None else found
+            for path in found:
+                if not path.exists():
+                    raise FileNotFoundError(errno.ENOENT, "no such file or folder", source)
+            self._load(found, None, skip_bad_files=True)
+        except OSError as exc:
+            if current_mode() is Mode.AOT and not isinstance(exc, FileNotFoundError):
+                raise
+            warn_once(("bundles-unreadable", source),
+                      f"bundle source {source} cannot be read now ({exc.strerror or exc}); "
+                      f"trying again every {ENV_RETRY_SECONDS:g} s while kernels fall back")  # fmt: skip
+            self._env_failed[source] = time.monotonic() + ENV_RETRY_SECONDS
+            return
+        except (BundleError, KeyFileError) as exc:  # a bad bundle at a URL: not a retry
+            if current_mode() is Mode.AOT:
+                raise
+            warn_once(("bad-bundle", source),
+                      f"skipping bundle source {source}: {exc}; its kernels fall back")  # fmt: skip
+        self._env_failed.pop(source, None)
+        self._env_done.add(source)
+
+    def _retry_in_background(self, source: str) -> None:
+        """Fetch `source` again off the calling thread (the network may take its timeouts), then
+        load what arrived under the lock."""
+        self._env_failed[source] = float("inf")  # one retry at a time
+
+        def retry() -> None:
+            try:
+                found = sources.local_paths(source)
+            except (OSError, BundleError, KeyFileError):
+                found = None  # said once already; _load_source says it again if it changed
+            with self._lock:
+                if found is None:
+                    self._env_failed[source] = time.monotonic() + ENV_RETRY_SECONDS
+                else:
+                    self._load_source(source, found)
+
+        threading.Thread(target=retry, name="cute-aot-bundle-retry", daemon=True).start()
 
     def env_pending(self) -> bool:
         """Whether a CUTE_AOT_BUNDLES source could not be read yet: resolutions that fell back
@@ -311,6 +342,7 @@ class Registry:
             self._index.clear()
             self._tables.clear()
             self._env_done.clear()
+            self._env_failed.clear()
             epoch.advance()
 
 

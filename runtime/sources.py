@@ -11,16 +11,12 @@ A URL is fetched into a content-addressed, verified download cache and served fr
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from cute_aot.artifacts import settings
+from cute_aot.artifacts.urls import is_url, local_path
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_url(source: str) -> bool:
-    return bool(_URL.match(source))
+__all__ = ["environment_sources", "is_url", "local_paths"]
 
 
 def environment_sources() -> list[str]:
@@ -33,10 +29,9 @@ def environment_sources() -> list[str]:
 def local_paths(source: str) -> list[Path]:
     """A source as local files or folders. A URL is fetched (or its verified cached copy used);
     OSError when it can be neither."""
-    if source.startswith("file://"):
-        return [Path(source.removeprefix("file://"))]
-    if is_url(source):
-        from cute_aot.runtime.remote import fetch
+    path = local_path(source)
+    if path is not None:
+        return [path]
+    from cute_aot.runtime.remote import fetch
 
-        return fetch(source)
-    return [Path(source)]
+    return fetch(source)

@@ -128,7 +128,7 @@ def test_a_bundle_folder_that_appears_later_is_loaded(router_op, monkeypatch, tm
     assert policy.counters()["router_gemm"]["hits"] == 0
     served = []
     folder.mkdir()
-    monkeypatch.setattr(REGISTRY, "_env_retry_at", 0.0)  # instead of waiting a second
+    monkeypatch.setattr(REGISTRY, "_env_failed", {})  # instead of waiting a second
 
     def kernel(x, w, out):
         served.append(1)

@@ -1,6 +1,6 @@
 """`aot-cache`: see, explain and verify what is shipped, without reading code.
 
-    aot-cache ls | show | verify | explain | diff | misses | gc | env | sass
+    aot-cache ls | show | verify | explain | diff | misses | gc | env | sass | push | pull
 
 Every command prints rich tables, or JSON with --json. Nothing here imports cutlass or loads a
 bundle's library: manifests are read as data, libraries as bytes (verify, sass), GPU code with
@@ -29,6 +29,7 @@ from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import read_bundle, read_manifest
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.artifacts.miss_log import read_misses
+from cute_aot.artifacts.urls import local_path
 from cute_aot.kernels import KernelFamily, families
 from cute_aot.runtime import misses as miss_log
 from cute_aot.runtime import overlay, paths
@@ -104,10 +105,11 @@ def main():
 @click.option("--no-overlay", is_flag=True, help="Leave out the overlay cache.")
 @json_option
 def ls_command(bundle_paths, no_overlay, as_json):
-    """Bundles found: architecture, families, key counts, sizes, toolchain, creator.
+    """Bundles found and where from: architecture, families, key counts, sizes, toolchain.
 
-    PATHS are bundle files or folders (default: CUTE_AOT_BUNDLES); the overlay cache of JIT
-    results follows. Exit status 1 if a bundle cannot be read.
+    PATHS are bundle files or folders (default: every bundle a server would load, in its order:
+    CUTE_AOT_BUNDLES, then installed bundle wheels); the overlay cache of JIT results follows.
+    Exit status 1 if a bundle cannot be read.
     """
     rows = [bundle_summary(path, source) for path, source, _ in bundle_sources(bundle_paths)]
     if not rows:  # on stderr: --json output stays parseable
@@ -129,21 +131,19 @@ def _print_ls(rows: list[dict], overlay_rows: list[dict]) -> None:
     if not rows and not overlay_rows:  # ls_command said that no bundle was found
         console.print(f"The overlay cache ({overlay.overlay_root()}) is empty.")
         return
-    table = make_table(
-        "cute-aot bundles",
-        *("bundle", "arch", "families", "keys", "size", "toolchain", "created by", "status"),
-        right=("keys", "size"),
-    )
+    columns = ("bundle", "origin", "arch", "families", "keys", "size", "toolchain", "created by")
+    table = make_table("cute-aot bundles", *columns, "status", right=("keys", "size"))
     for row in rows:
         if row["status"] == "error":
-            table.add_row(row["path"], *[""] * 6, Text(row["error"], style="red"))
+            table.add_row(row["path"], row["source"], *[""] * 6, Text(row["error"], style="red"))
             continue
         status = Text("ok", style="green")
         if row["status"] == "stale":
             reasons = [f"{n}: {f['stale']}" for n, f in row["families"].items() if f["stale"]]
             status = Text("stale (" + "; ".join(reasons) + ")", style="yellow")
         table.add_row(
-            f"{row['path']}\n{row['name']} {row['bundle_version']} · from {row['source']}",
+            f"{row['path']}\n{row['name']} {row['bundle_version']}",
+            row["source"],
             row["arch"],
             "\n".join(f"{n} v{f.get('version')}" for n, f in row["families"].items()),
             str(row["keys"]),
@@ -155,7 +155,8 @@ def _print_ls(rows: list[dict], overlay_rows: list[dict]) -> None:
     for row in overlay_rows:
         newest = age_text(time.time() - row["newest_mtime"])
         table.add_row(
-            f"{row['path']}\noverlay (JIT results) · newest {newest} old",
+            f"{row['path']}\nnewest {newest} old",
+            "overlay (JIT results)",
             row["arch"],
             row["family"] or "? (other toolchain or sources)",
             str(row["keys"]),
@@ -541,8 +542,9 @@ def _print_diff(result: dict) -> None:
 @click.option(
     "--log",
     "log_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help=f"Miss log (default: {miss_log.MISS_LOG_ENV}, else <cache dir>/misses.jsonl).",
+    metavar="LOG",
+    help="Miss log: a file, a folder or a URL prefix (s3://bucket/misses/) of every server's "
+    f"(default: {miss_log.MISS_LOG_ENV}, else <cache dir>/misses.jsonl).",
 )
 @click.option("--family", "family_name", help="Only this family.")
 @click.option("--arch", callback=arch_param, help="Only this architecture.")
@@ -561,9 +563,11 @@ def _print_diff(result: dict) -> None:
 @click.option("--not-in-bundles", is_flag=True, help="Leave out keys the bundles already hold.")
 @json_option
 def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_bundles, as_json):
-    """Aggregated miss log: count per key, first and last seen, ready for aot-build --from-misses."""
+    """Aggregated miss log: count and hosts per key, first and last seen, ready for aot-build
+    --from-misses."""
     log_path = log_path or miss_log.miss_log_path()
-    records = read_misses(log_path) if log_path.is_file() else []
+    local = local_path(log_path)
+    records = read_misses(log_path) if local is None or local.exists() else []
     records = [
         r
         for r in records
@@ -582,18 +586,21 @@ def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_b
         rows = [row for row in rows if not row["in_bundles"]]
     if out_path:
         atomic_write(out_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+    hosts = sorted({host for row in rows for host in row["hosts"]})
     if as_json:
         out = str(out_path) if out_path else None
-        emit_json({"log": str(log_path), "records": len(records), "keys": rows, "out": out})
+        counts = {"records": len(records), "hosts": hosts}
+        emit_json({"log": str(log_path), **counts, "keys": rows, "out": out})
         return
     console = make_console()
     if not rows:
         console.print(f"No misses recorded in {log_path}.")
         return
     table = make_table(
-        f"{log_path}: {len(records)} misses of {len(rows)} keys",
-        *("count", "arch", "key id", "key", "first seen", "last seen", "problems", "in bundles"),
-        right=("count",),
+        f"{log_path}: {len(records)} misses of {len(rows)} keys on {len(hosts)} hosts",
+        *("count", "hosts", "arch", "key id", "key"),
+        *("first seen", "last seen", "problems", "in bundles"),
+        right=("count", "hosts"),
     )
     for row in rows:
         problems = [problem_words(order_problem(row["family"], p)) for p in row["problems"]]
@@ -602,6 +609,7 @@ def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_b
         key = f"{row['family']}: {describe_key(row['family'], row['key'])}"
         table.add_row(
             str(row["count"]),
+            str(len(row["hosts"])),
             row["arch"],
             str(row["key_id"]),
             key,
@@ -777,7 +785,8 @@ def env_command(as_json):
             f"{usage[key]['path']} ({usage[key]['files']} files, {size_text(usage[key]['bytes'])})",
         )
     log = where["miss_log"]
-    table.add_row("path", "miss log", log["path"] + ("" if log["exists"] else " (none yet)"))
+    state = {True: "", False: " (none yet)", None: " (a URL: not checked)"}[log["exists"]]
+    table.add_row("path", "miss log", log["path"] + state)
     table.add_row(
         "path", "bundles", "\n".join(where["bundles"]) or f"none ({paths.BUNDLES_ENV} unset)"
     )
@@ -821,6 +830,64 @@ def sass_command(bundle, key_id, show_encoding, as_json):
         return
     click.echo(f"// {bundle} · {manifest.arch} · key {entry.key_id} · {entry.family}: {describe}")
     click.echo(text, nl=False)
+
+
+# -- push / pull -------------------------------------------------------------------------------
+@main.command("push")
+@click.argument("bundle_paths", metavar="BUNDLES...", nargs=-1, required=True)
+@click.argument("url")
+@json_option
+def push_command(bundle_paths, url, as_json):
+    """Upload bundle files or folders to a folder or prefix URL (s3://bucket/bundles/, any
+    fsspec protocol), each verified first. Servers load them with CUTE_AOT_BUNDLES=URL."""
+    from cute_aot.runtime import remote
+
+    try:
+        pushed = remote.push(list(bundle_paths), url)
+    except OSError as exc:
+        raise _Failure(f"{exc.filename or url}: {exc.strerror or exc}") from None
+    if as_json:
+        emit_json({"url": url, "pushed": [vars(item) for item in pushed]})
+        return
+    table = make_table(f"pushed to {url}", "bundle", "size", "sha256", "signed", right=("size",))
+    for item in pushed:
+        signed = Text("yes", style="green") if item.signed else Text("no", style="yellow")
+        table.add_row(item.url, size_text(item.size), item.sha256, signed)
+    make_console().print(table)
+    if not all(item.signed for item in pushed):
+        click.echo(
+            "aot-cache push: unsigned bundles are refused from URLs unless servers set "
+            f"{settings.REMOTE_UNSIGNED.name}=1 (sign with aot-build --sign-key)",
+            err=True,
+        )
+
+
+@main.command("pull")
+@click.argument("url")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also copy the verified bundles into this folder, under their own names.",
+)
+@json_option
+def pull_command(url, out_dir, as_json):
+    """Download and verify the bundles at URL (a bundle, or a folder or prefix of them) into the
+    download cache, as a server would; any refusal or an unreachable store is exit status 1."""
+    from cute_aot.runtime import remote
+
+    try:
+        pulled = remote.pull(url, out_dir)
+    except OSError as exc:
+        raise _Failure(f"{exc.filename or url}: {exc.strerror or exc}") from None
+    rows = [{**vars(item), "path": str(item.path)} for item in pulled]
+    if as_json:
+        emit_json({"url": url, "pulled": rows})
+        return
+    table = make_table(f"pulled from {url}", "bundle", "size", "sha256", "path", right=("size",))
+    for row in rows:
+        table.add_row(row["url"], size_text(row["size"]), row["sha256"], row["path"])
+    make_console().print(table)
 
 
 if __name__ == "__main__":

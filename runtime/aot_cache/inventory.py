@@ -23,10 +23,12 @@ from cute_aot.artifacts.errors import (
 )
 from cute_aot.artifacts.fatbin import find_fatbin, iter_fatbins
 from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.artifacts.urls import is_url
 from cute_aot.kernels import families
 from cute_aot.runtime import misses as miss_log
-from cute_aot.runtime import overlay, paths
+from cute_aot.runtime import overlay, paths, sources
 from cute_aot.runtime.aot_cache import check, gc
+from cute_aot.runtime.installed_bundles import installed_bundles
 from cute_aot.runtime.jit import jit_available
 from cute_aot.runtime.mode import MODE_ENV, current_mode
 from cute_aot.runtime.registry import stale_reasons
@@ -44,18 +46,29 @@ ENV_VARS = (
 
 
 def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
-    """(bundle file, where it was named, came from a folder), in the runtime's search order:
-    explicit paths, else CUTE_AOT_BUNDLES."""
+    """(bundle file, where it was named, came from a folder), in the runtime's search order
+    (runtime/sources.py): explicit paths, else what a server loads unasked: CUTE_AOT_BUNDLES,
+    then installed bundle wheels (named `wheel <distribution>==<version>`)."""
     if given:
-        roots, source = [Path(p) for p in given], "argument"
+        named = [(source, "argument") for source in given]
     else:
-        roots, source = paths.bundle_search_paths(), paths.BUNDLES_ENV
+        explicit = set(settings.bundle_sources())
+        wheels = {str(found.folder): found.origin for found in installed_bundles()}
+        named = [
+            (source, paths.BUNDLES_ENV if source in explicit else wheels.get(source, "installed"))
+            for source in sources.environment_sources()
+        ]
     found = []
-    for root in roots:
-        if root.is_dir():
-            found += [(path, source, True) for path in paths.expand_bundle_paths([root])]
-        else:
-            found.append((root, source, False))
+    for source, origin in named:
+        try:
+            roots = sources.local_paths(source)
+        except OSError:  # a URL that cannot be fetched now: listed, and read as unreadable
+            roots = [Path(source)]
+        for root in roots:
+            if root.is_dir():
+                found += [(path, origin, True) for path in paths.expand_bundle_paths([root])]
+            else:
+                found.append((root, origin, False))
     return found
 
 
@@ -67,7 +80,7 @@ def no_bundles_found(given: tuple[str, ...], example: str) -> str:
     elif settings.BUNDLES.raw():
         where = f"in {paths.BUNDLES_ENV} ({settings.BUNDLES.raw()})"
     else:
-        where = f"({paths.BUNDLES_ENV} is unset and no bundle was named)"
+        where = f"({paths.BUNDLES_ENV} is unset, no bundle wheel is installed, none was named)"
     return (
         f"no bundles found {where}: name the folder aot-build wrote ({example}) or set "
         f"{paths.BUNDLES_ENV}=bundles/, as a server would"
@@ -274,7 +287,8 @@ def diff_tables(a: Manifest, b: Manifest) -> dict:
 
 
 def aggregate_misses(records: list[dict]) -> list[dict]:
-    """One row per (arch, family, key): count, first/last seen, the problems that hit it."""
+    """One row per (arch, family, key): count, the hosts, first/last seen, the problems that hit
+    it. A record's host is its own field (records written before there was one have none)."""
     rows: dict[tuple, dict] = {}
     for record in records:
         slot = (record["arch"], record["family"], json.dumps(record["key"], sort_keys=True))
@@ -287,17 +301,22 @@ def aggregate_misses(records: list[dict]) -> list[dict]:
                 "key_id": record.get("key_id"),
                 "key": record["key"],
                 "count": 0,
+                "hosts": [],
                 "first_seen": seen,
                 "last_seen": seen,
                 "problems": [],
             },
         )
         row["count"] += 1
+        if record.get("host") and record["host"] not in row["hosts"]:
+            row["hosts"].append(record["host"])
         row["first_seen"] = min(row["first_seen"], seen)
         row["last_seen"] = max(row["last_seen"], seen)
         problem = record.get("problem")
         if problem and problem not in row["problems"]:
             row["problems"].append(problem)
+    for row in rows.values():
+        row["hosts"].sort()
     return sorted(
         rows.values(), key=lambda r: (-r["count"], r["arch"], r["family"], str(r["key_id"]))
     )
@@ -336,7 +355,8 @@ def environment() -> dict:
             "cache_dir": str(paths.cache_dir()),
             "overlay": _folder_usage(overlay.overlay_root(), f"*{BUNDLE_SUFFIX}"),
             "libs": _folder_usage(paths.cache_dir() / "libs", "*.so"),
-            "miss_log": {"path": str(log), "exists": log.is_file()},
+            # A URL prefix is not looked at: `env` never waits on a store (None: not known).
+            "miss_log": {"path": str(log), "exists": None if is_url(log) else log.exists()},
             "bundles": [str(path) for path, _, _ in bundle_sources(())],
         },
         "env": {name: os.environ.get(name) for name in ENV_VARS},
