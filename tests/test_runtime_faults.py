@@ -511,3 +511,22 @@ def test_a_miss_log_on_a_read_only_filesystem_warns_once(fresh_runtime, monkeypa
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             record_miss(other, ARCH, {})  # said once; never raises
+
+
+@pytest.mark.slow
+def test_a_kernel_whose_export_fails_still_serves_and_is_compiled_once(
+    fresh_runtime, monkeypatch, tmp_path
+):
+    """Publishing a JIT result to the overlay fails (here: the linker fails); the compiled kernel
+    serves anyway, and the key is not compiled again in this process."""
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'linker refused' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    key = ROUTER.dispatch(ROUTER.parse_problem("M=1,N=128,K=2880"), ARCH).key
+    before = jit.compile_count
+    with pytest.warns(RuntimeWarning, match="overlay cache off"):
+        first = REGISTRY.resolve(key, ARCH)
+    assert callable(first) and jit.compile_count == before + 1
+    assert REGISTRY.resolve(key, ARCH) is first and jit.compile_count == before + 1
+    assert policy.counters()["router_gemm"]["degradations"] >= 1
