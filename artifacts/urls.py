@@ -4,11 +4,13 @@ Shared by everything that accepts a URL (miss logs, bundle sources). fsspec, and
 a protocol (s3fs, gcsfs, ...), is imported only when a URL is used: a server that records to a
 local file never imports it. A filesystem is configured the way fsspec and its protocol are
 (`FSSPEC_<PROTOCOL>_<OPTION>` variables, fsspec's config files, or the protocol's own, e.g.
-`AWS_ENDPOINT_URL` and the AWS credential chain for s3://); nothing is configured here.
+`AWS_ENDPOINT_URL` and the AWS credential chain for s3://); only bounded timeouts are added
+here, so that no caller waits on a store that does not answer.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -29,8 +31,59 @@ def local_path(source: str | os.PathLike) -> Path | None:
     return None
 
 
-def filesystem(url: str):
-    """(fsspec filesystem, path within it) of `url`."""
-    from fsspec.core import url_to_fs
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 10.0
+# The extra of cute-aot that installs a protocol's package
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
 
-    return url_to_fs(url)
+
+def filesystem(url: str):
+    """(fsspec filesystem, path in it) of `url`, with bounded timeouts: a new instance each time,
+    so that a changed environment (credentials, endpoint) is honoured and no listing is served
+    from memory. OSError when the protocol's package is not installed or the protocol unknown."""
+    protocol = url.split("://", 1)[0].lower()
+    try:
+        from fsspec.core import url_to_fs
+
+        return url_to_fs(url, skip_instance_cache=True, **_options(protocol))
+    except ImportError as exc:
+        hint = f"pip install 'cute-aot[{_EXTRAS[protocol]}]'" if protocol in _EXTRAS else str(exc)
+        raise OSError(
+            errno.EPROTONOSUPPORT, f"{protocol}:// needs a package not installed here ({hint})", url
+        ) from None
+    except ValueError as exc:  # fsspec: "Protocol not known"
+        raise OSError(errno.EPROTONOSUPPORT, str(exc), url) from None
+
+
+def _options(protocol: str) -> dict:
+    """Bounded timeouts where the protocol takes them, under what fsspec's config says (an
+    operator's own option of the same name wins)."""
+    if protocol in ("s3", "s3a"):
+        # botocore retries nothing itself: callers retry (remote.py's attempts, the miss log's
+        # next interval), the same way for every protocol.
+        mine = {
+            "config_kwargs": {
+                "connect_timeout": CONNECT_TIMEOUT,
+                "read_timeout": READ_TIMEOUT,
+                "retries": {"total_max_attempts": 1},
+            }
+        }
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        # No total: a large bundle may take long; a stalled connection may not.
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT
+        )
+        mine = {"client_kwargs": {"timeout": timeout}}
+    else:
+        return {}
+    from fsspec.config import conf
+
+    theirs = conf.get(protocol) or {}
+    for name, value in mine.items():
+        if isinstance(theirs.get(name), dict):
+            mine[name] = {**value, **theirs[name]}
+        elif name in theirs:
+            mine[name] = theirs[name]
+    return mine

@@ -40,7 +40,7 @@ from pathlib import Path
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
-from cute_aot.artifacts import settings, signing
+from cute_aot.artifacts import settings, signing, urls
 from cute_aot.artifacts.atomic import atomic_write, owner_tag, remove_dead_leftovers
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, SHA256_RE, read_bundle, read_manifest
 from cute_aot.artifacts.errors import BundleError, CuteAotError, SignatureError
@@ -49,16 +49,13 @@ from cute_aot.runtime.loader import check_trust
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
-CONNECT_TIMEOUT = 10.0
-READ_TIMEOUT = 10.0
 # One listing or metadata call, whatever the protocol's own retries do inside it.
-CALL_DEADLINE = CONNECT_TIMEOUT + READ_TIMEOUT
+CALL_DEADLINE = urls.CONNECT_TIMEOUT + urls.READ_TIMEOUT
 ATTEMPTS = 3
 BACKOFF = 0.25  # seconds before the second attempt, doubled before each next one
 LOCK_WAIT = 600.0  # another process's download of a large bundle over a slow link
 # One put of an object is atomic in these: readers see the old object or the new, never a part.
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
 _CHUNK = 1 << 20
 
 
@@ -99,7 +96,7 @@ def fetch_bundles(url: str, strict: bool | None = None, offline: bool = True) ->
     said once; without such copies, or without `offline`, OSError names the URL and the reason.
     """
     strict = current_mode() is Mode.AOT if strict is None else strict
-    fs, root = _filesystem(url)
+    fs, root = urls.filesystem(url)
     folder = _cache_folder()
     url_id = hashlib.sha256(url.encode()).hexdigest()[:32]
     lock = FileLock(folder / "locks" / f"{url_id}.lock", timeout=LOCK_WAIT)
@@ -146,56 +143,6 @@ def _fetch_locked(url, fs, root, folder: Path, index: Path, strict, offline) -> 
 
 
 # -- the store -----------------------------------------------------------------------------------
-def _filesystem(url: str):
-    """(fsspec filesystem, path in it) of `url`: a new instance each time, so that a changed
-    environment (credentials, endpoint) is honoured and no listing is served from memory."""
-    protocol = url.split("://", 1)[0].lower()
-    try:
-        from fsspec.core import url_to_fs
-
-        return url_to_fs(url, skip_instance_cache=True, **_options(protocol))
-    except ImportError as exc:
-        hint = f"pip install 'cute-aot[{_EXTRAS[protocol]}]'" if protocol in _EXTRAS else str(exc)
-        raise OSError(
-            errno.EPROTONOSUPPORT, f"{protocol}:// needs a package not installed here ({hint})", url
-        ) from None
-    except ValueError as exc:  # fsspec: "Protocol not known"
-        raise OSError(errno.EPROTONOSUPPORT, str(exc), url) from None
-
-
-def _options(protocol: str) -> dict:
-    """Bounded timeouts where the protocol takes them, under what fsspec's config says (an
-    operator's own option of the same name wins)."""
-    if protocol in ("s3", "s3a"):
-        # botocore retries nothing itself: the attempts are counted here, for every protocol.
-        mine = {
-            "config_kwargs": {
-                "connect_timeout": CONNECT_TIMEOUT,
-                "read_timeout": READ_TIMEOUT,
-                "retries": {"total_max_attempts": 1},
-            }
-        }
-    elif protocol in ("http", "https"):
-        import aiohttp
-
-        # No total: a large bundle may take long; a stalled connection may not.
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT
-        )
-        mine = {"client_kwargs": {"timeout": timeout}}
-    else:
-        return {}
-    from fsspec.config import conf
-
-    theirs = conf.get(protocol) or {}
-    for name, value in mine.items():
-        if isinstance(theirs.get(name), dict):
-            mine[name] = {**value, **theirs[name]}
-        elif name in theirs:
-            mine[name] = theirs[name]
-    return mine
-
-
 def _attempts(url: str, call: Callable, *args, **kwargs):
     """`call` tried ATTEMPTS times with backoff; _Unreachable naming `url` and the last reason.
     A missing object is an answer, not a failure, and our own errors are never retried."""
@@ -418,7 +365,7 @@ def push(sources: list[str | os.PathLike], url: str) -> list[Pushed]:
     files = expand_bundle_paths([Path(source) for source in sources])
     if not files:
         raise CuteAotError(f"no bundle files in {', '.join(map(str, sources))}")
-    fs, root = _filesystem(url)
+    fs, root = urls.filesystem(url)
     if _names_a_bundle(root):
         raise CuteAotError(f"{url}: push to a folder or prefix URL, not to a bundle's")
     base = root.rstrip("/")
