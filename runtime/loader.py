@@ -123,8 +123,7 @@ def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> No
         raise IncompatibleBundleError(
             path, f"built for {manifest.arch}, an architecture this cute-aot does not know"
         )
-    if gpu_arch is not None and manifest.arch != gpu_arch:
-        raise OtherArchError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
+    refuse_other_arch(path, manifest, gpu_arch)
     built, installed = manifest.toolchain.get("tvm_ffi"), toolchain.tvm_ffi_version()
     if not toolchain.abi_compatible_tvm_ffi(built, installed):
         raise IncompatibleBundleError(
@@ -132,6 +131,13 @@ def check_compatible(path: Path, manifest: Manifest, gpu_arch: str | None) -> No
         )
     if gpu_arch is not None:
         check_driver(path, manifest)
+
+
+def refuse_other_arch(path: Path, manifest: Manifest, gpu_arch: str | None) -> None:
+    """OtherArchError for a bundle of a known architecture that is not this GPU's (what a
+    folder's bundles for other GPUs are skipped by); an unknown one is check_compatible's."""
+    if gpu_arch is not None and manifest.arch in SUPPORTED_ARCHS and manifest.arch != gpu_arch:
+        raise OtherArchError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
 
 
 def check_driver(path: Path, manifest: Manifest) -> None:
@@ -321,8 +327,7 @@ def check_manifest(
     """What both ways of opening decide from the manifest alone: the architecture (a folder's
     bundles for other GPUs are skipped before anything else is asked), trust, fit, the caller's
     rule."""
-    if gpu_arch is not None and manifest.arch != gpu_arch and manifest.arch in SUPPORTED_ARCHS:
-        raise OtherArchError(path, f"built for {manifest.arch}, this GPU needs {gpu_arch}")
+    refuse_other_arch(path, manifest, gpu_arch)
     signer = (trust or check_trust)(path, manifest)
     check_compatible(path, manifest, gpu_arch)
     if accept is not None:

@@ -15,7 +15,7 @@ request that cannot be met raises: mode aot, mode jit without a compiler, or mod
 step left (no compiler and no reference).
 
 Counters per family (hits, misses, bypasses, degradations) are kept for operators and tests:
-`counters()`, and `aot-cache env` in this process's terms.
+`counters()`, in this process (`aot-cache env`, another process, has none to show).
 """
 
 from __future__ import annotations
@@ -26,11 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cute_aot.artifacts.errors import (
-    InputError,
-    JitUnavailableError,
-    UnsupportedProblemError,
-)
+from cute_aot.artifacts.errors import JitUnavailableError, UnsupportedProblemError
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
@@ -113,8 +109,6 @@ def resolve(
 
     try:
         function = REGISTRY.bundle_function(key.FAMILY, key.id, arch)
-    except InputError:
-        raise
     except Exception as exc:  # a damaged entry, a library that cannot be read: next step
         if mode is Mode.AOT:
             raise

@@ -18,11 +18,9 @@ from pathlib import Path
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.errors import (
     BundleError,
-    DriverTooOldError,
     IncompatibleBundleError,
     KernelNotFoundError,
     KeyFileError,
-    MissingLibraryError,
     OtherArchError,
     StaleBundleError,
     TableError,
@@ -347,8 +345,9 @@ class Registry:
 
 
 ENV_RETRY_SECONDS = 1.0
-# An overlay entry refused for what this machine lacks, not for what the entry is.
-ENVIRONMENT_REFUSALS = (DriverTooOldError, IncompatibleBundleError, MissingLibraryError)
+# An overlay entry refused for what this machine lacks, not for what the entry is (a driver too
+# old, a library missing, another tvm-ffi: all IncompatibleBundleErrors).
+ENVIRONMENT_REFUSALS = IncompatibleBundleError
 
 
 REGISTRY = Registry()
