@@ -41,10 +41,9 @@ class Resolutions:
         self._values: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def now() -> int:
-        """The epoch to pass to `put` for a value computed from now on."""
-        return GENERATION[0]
+    # The epoch to pass to `put` for a value computed from now on (for code that holds a
+    # Resolutions but does not import this module).
+    now = staticmethod(current)
 
     def get(self, key: Hashable) -> Any:
         values = self._values if self._epoch == GENERATION[0] else {}
