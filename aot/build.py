@@ -38,7 +38,7 @@ from cute_aot.artifacts.atomic import (
     remove_dead_leftovers,
     scratch_folder,
 )
-from cute_aot.artifacts.bundle import bundle_filename, read_manifest
+from cute_aot.artifacts.bundle import bundle_filename, read_manifest, sha256_file
 from cute_aot.artifacts.errors import BuildError, BundleError
 from cute_aot.kernels import families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
@@ -152,14 +152,10 @@ class WrittenBundle:
 
     def replaced(self) -> bool:
         """Whether the file at `path` is no longer the bytes this build wrote."""
-        digest = hashlib.sha256()
         try:
-            with open(self.path, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
+            return sha256_file(self.path)[0] != self.sha256
         except OSError:
             return True
-        return digest.hexdigest() != self.sha256
 
 
 @dataclass

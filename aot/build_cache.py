@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from cute_aot.artifacts import PACKAGE_VERSION, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
+from cute_aot.artifacts.bundle import sha256_file
 from cute_aot.artifacts.cache_dirs import cache_dir
 from cute_aot.artifacts.errors import SignatureError
 from cute_aot.artifacts.fingerprints import module_sources_digest, packer_code_digest
@@ -70,14 +71,6 @@ def _digest(facts: dict) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @functools.cache
 def worker_fingerprint() -> dict:
     """The worker's code, and the inspection tools whose presence shapes its rows."""
@@ -108,7 +101,7 @@ def packer_fingerprint() -> dict:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     return {
         "code": packer_code_digest(),  # format version, packer modules, linked-in data files
-        "link_inputs": {name: _file_sha256(path) for name, path in sorted(link_inputs().items())},
+        "link_inputs": {name: sha256_file(path)[0] for name, path in sorted(link_inputs().items())},
         "compiler": _compiler_identity(compiler) if compiler else None,
         "zstd": zstandard.ZSTD_VERSION,
     }  # fmt: skip

@@ -70,6 +70,16 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
+    """(sha256, size) of a file, read in blocks (a bundle or library need not fit twice)."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
 def bundle_filename(name: str, arch: str) -> str:
     return f"{name}-{arch}{BUNDLE_SUFFIX}"
 

@@ -42,7 +42,13 @@ from filelock import Timeout as LockTimeout
 
 from cute_aot.artifacts import settings, signing, urls
 from cute_aot.artifacts.atomic import atomic_write, owner_tag, remove_dead_leftovers
-from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, SHA256_RE, read_bundle, read_manifest
+from cute_aot.artifacts.bundle import (
+    BUNDLE_SUFFIX,
+    SHA256_RE,
+    read_bundle,
+    read_manifest,
+    sha256_file,
+)
 from cute_aot.artifacts.errors import BundleError, CuteAotError, SignatureError
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.runtime.loader import check_trust
@@ -258,7 +264,7 @@ def _download(fs, item: _Listed, folder: Path) -> RemoteBundle:
             fs.get_file(item.remote_path, tmp)
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())  # on disk before its name says it is verified
-            digest, size = _sha256_file(tmp)
+            digest, size = sha256_file(tmp)
             if item.size is not None and size != item.size:  # a cut connection, not a bad object
                 raise EOFError(f"received {size} of {item.size} bytes")
             _verify(tmp, item.url)
@@ -271,15 +277,6 @@ def _download(fs, item: _Listed, folder: Path) -> RemoteBundle:
                 os.unlink(tmp)
 
     return _attempts(item.url, once)
-
-
-def _sha256_file(path: str | os.PathLike) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def _verify(path: str, url: str) -> None:
@@ -376,7 +373,7 @@ def push(sources: list[str | os.PathLike], url: str) -> list[Pushed]:
     pushed = []
     for path in files:
         manifest, _library = read_bundle(path)
-        digest, size = _sha256_file(path)
+        digest, size = sha256_file(path)
         target = f"{base}/{path.name}"
         target_url = fs.unstrip_protocol(target)
         if renamed:
