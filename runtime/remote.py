@@ -62,7 +62,6 @@ BACKOFF = 0.25  # seconds before the second attempt, doubled before each next on
 LOCK_WAIT = 600.0  # another process's download of a large bundle over a slow link
 # One put of an object is atomic in these: readers see the old object or the new, never a part.
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
