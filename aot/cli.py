@@ -214,6 +214,43 @@ def plan_from_misses(
     return {arch: sorted(keys, key=lambda key: key.symbol) for arch, keys in sorted(plan.items())}
 
 
+def plan_from_record(path, archs, console: Console) -> tuple[dict[str, list], list[tuple]]:
+    """({arch: keys}, [(call site, target, arch, why not)]) of a record file (runtime/record.py):
+    each replayable call for every architecture asked (default: the one it was recorded on).
+    A call recorded with hardware answers is replayed only for the architecture that gave them."""
+    from cute_aot.kernels.recorded import RecordedCallKey, read_records
+
+    wanted = [normalize_arch(arch) for arch in archs]
+    plan: dict[str, dict] = {}
+    left_out: list[tuple] = []
+    for record in read_records(path):
+        site, target = record.get("site", "?"), record.get("target", "?")
+        if not record.get("recreatable") or record.get("servable") is False:
+            left_out.append((site, target, record.get("arch") or "-", record.get("reason")))
+            continue
+        key = RecordedCallKey.from_fields(record["key"])
+        recorded_arch = normalize_arch(record["arch"]) if record.get("arch") else None
+        for arch in wanted or [recorded_arch]:
+            if arch is None:
+                left_out.append((site, target, "-", "recorded without an architecture: "
+                                 "name one with --arch"))  # fmt: skip
+            elif key.hardware and arch != recorded_arch:
+                left_out.append((site, target, arch, f"its trace asked the {recorded_arch} GPU "
+                                 f"for {', '.join(sorted(key.hardware))}: replayable there only"))  # fmt: skip
+            else:
+                plan.setdefault(arch, {})[key.id] = key
+    if left_out:
+        table = Table(title=f"{len(left_out)} recorded call(s) not built", show_lines=False)
+        for column in ("call site", "target", "arch", "why"):
+            table.add_column(column, overflow="fold")
+        for row in left_out:
+            table.add_row(*map(str, row))
+        console.print(table)
+    if not plan:
+        raise CuteAotError(f"{path}: no recorded call to build")
+    return {arch: sorted(keys.values(), key=lambda k: k.symbol) for arch, keys in plan.items()}, left_out
+
+
 # -- options shared by every command that writes bundles (add new ones here: build and merge
 #    both get them through `Output`) ----------------------------------------------------------
 
@@ -554,6 +591,14 @@ def _write_wheels(console: Console, bundles, out_dir: Path, **naming) -> None:
     "a folder of them, or a URL prefix (s3://bucket/misses/, any fsspec protocol).",
 )
 @click.option(
+    "--from-record",
+    "record_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Build the cute.compile calls recorded in FILE (CUTE_AOT_RECORD), for each --arch "
+    "(default: the architecture each was recorded on); exit status 1 if any was not built.",
+)
+@click.option(
     "--shard",
     callback=_parse_shard,
     metavar="I/N",
@@ -582,6 +627,7 @@ def main(
     bundle_version,
     jobs,
     misses_file,
+    record_file,
     shard,
     check_reproducible,
     write_wheel,
@@ -597,6 +643,9 @@ def main(
         raise click.UsageError("--wheel needs whole bundles: pass it to `aot-build merge`")
     if misses_file and (shapes or models or model_configs):
         raise click.UsageError("--from-misses builds exactly the logged keys: no --shape/--model")
+    if record_file and (shapes or models or model_configs or misses_file):
+        raise click.UsageError("--from-record builds exactly the recorded calls: no --shape/"
+                               "--model/--from-misses")  # fmt: skip
     console = _console()
     _stop_on_signals(ctx)
     try:
@@ -606,7 +655,11 @@ def main(
         # were asked for with whatever table those servers had, so such bundles record none
         # (and never decide a server's dispatch table).
         tables: dict | None = None
-        if misses_file:
+        left_out: list = []
+        if record_file:
+            plan, left_out = plan_from_record(record_file, archs, console)
+            plan = keys_by_arch(plan)
+        elif misses_file:
             plan = keys_by_arch(plan_from_misses(misses_file, archs, families, console))
         else:
             build_plan = _plan(
@@ -633,7 +686,7 @@ def main(
                 shard=shard,
                 show_progress=not output.quiet,
                 tables=tables,
-                record_tables=not misses_file,
+                record_tables=not (misses_file or record_file),
                 **kwargs,
             )
 
@@ -651,6 +704,9 @@ def main(
             sign_bundles(console, outcome.written, bundle_signer)
         if write_wheel and outcome.written:  # after signing: wheels hold bundles as shipped
             _write_wheels(console, [bundle.path for bundle in outcome.written], output.out_dir)
+        if left_out:
+            raise CuteAotError(f"{len(left_out)} recorded call(s) of {record_file} not built "
+                               "(listed above)")  # fmt: skip
     except (CuteAotError, OSError, Stopped) as exc:
         _fail(console, "aot-build", exc)
 

@@ -52,6 +52,11 @@ REVERIFY = Setting("CUTE_AOT_REVERIFY", "0",
                    "1: verify every bundle's library in full at every load (audits)")  # fmt: skip
 REMOTE_UNSIGNED = Setting("CUTE_AOT_REMOTE_UNSIGNED", "0",
                           "1: load bundles from URLs without a trusted signature (hashes are still checked)")  # fmt: skip
+RECORD = Setting("CUTE_AOT_RECORD", "none",
+                 "a file: every distinct cute.compile call of this process is appended to it, as "
+                 "data `aot-build --from-record` rebuilds")  # fmt: skip
+INTERCEPT = Setting("CUTE_AOT_INTERCEPT", "0",
+                    "1: cute.compile serves recorded kernels from the bundles (by CUTE_AOT_MODE)")  # fmt: skip
 
 SETTINGS: tuple[Setting, ...] = (
     BUNDLES,
@@ -64,6 +69,8 @@ SETTINGS: tuple[Setting, ...] = (
     OVERLAY_KEY,
     REVERIFY,
     REMOTE_UNSIGNED,
+    RECORD,
+    INTERCEPT,
 )
 
 _TRUE = ("1", "true", "yes", "on")
@@ -133,6 +140,15 @@ def reverify() -> bool:
 
 def remote_unsigned() -> bool:
     return _flag(REMOTE_UNSIGNED)
+
+
+def record_file() -> Path | None:
+    raw = RECORD.raw()
+    return Path(raw) if raw else None
+
+
+def intercept() -> bool:
+    return _flag(INTERCEPT)
 
 
 def current() -> dict[str, str | None]:

@@ -28,8 +28,24 @@ _EXPORTS = {
     "preload": "cute_aot.runtime.warmup",
     "preload_model": "cute_aot.runtime.warmup",
     "model_shapes": "cute_aot.runtime.warmup",
+    "intercept": "cute_aot.runtime.compile_hook",
 }
 __all__ = [*_EXPORTS, "set_mode"]
+
+
+def _hook_compile_from_env() -> None:
+    """CUTE_AOT_RECORD / CUTE_AOT_INTERCEPT: hook cute.compile as this package is imported (a
+    process that sets them compiles CuTe DSL kernels, so cutlass is imported here for it)."""
+    from cute_aot.artifacts import settings
+
+    if settings.RECORD.raw():
+        from cute_aot.runtime.record import record_from_env
+
+        record_from_env()
+    if settings.intercept():
+        from cute_aot.runtime.compile_hook import intercept
+
+        intercept()
 
 
 def set_mode(mode) -> None:
@@ -54,3 +70,6 @@ def __getattr__(name: str):
         value = op(name)  # a kernel family's op, made from its contract
     globals()[name] = value
     return value
+
+
+_hook_compile_from_env()

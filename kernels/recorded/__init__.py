@@ -1,0 +1,115 @@
+"""Kernels recorded at `cute.compile`: any CuTe DSL kernel, served with no family to write.
+
+A record (runtime/record.py writes them in a real run) describes one `cute.compile` call as
+data: what is compiled, the source hash of the code that shapes it, every argument's type, the
+compile options. That description is this family's key, so the build replays the call on a CPU
+(`aot-build --from-record FILE`, the builder `replay.py`) and the interceptor
+(runtime/compile_hook.py) derives the same key from a live call, without tracing, to serve it.
+
+A key has two parts. `call` is the identity (what changes the binary). `replay` is what the
+build needs besides it and a server checks: example values for the dynamic parts (the shape a
+recorded tensor had, a stream handle) and the hardware queries the trace made, with the values
+of the GPU that recorded them (pinned at build time, compared with the live GPU before a
+recorded kernel serves).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+
+from cute_aot.kernels.arch import SUPPORTED_ARCHS
+from cute_aot.kernels.contract import KernelFamily, Patch
+from cute_aot.kernels.keys import KernelKey
+
+FAMILY = "cute_compile"
+FAMILY_VERSION = 1
+RECORD_FORMAT = 1
+
+
+def canonical(value) -> str:
+    """The one JSON spelling of record data: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RecordedCallKey(KernelKey):
+    """One recorded `cute.compile` call. Its id covers `call` only (see the module docstring)."""
+
+    FAMILY = FAMILY
+
+    call: str  # canonical JSON: target, source hash, argument types, options
+    replay: str = "{}"  # canonical JSON: {"examples": [...], "hardware": {query: value}}
+    version: int = FAMILY_VERSION
+
+    @functools.cached_property
+    def id(self) -> str:
+        identity = canonical({"family": FAMILY, "call": self.call, "version": self.version})
+        return hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+    @functools.cached_property
+    def call_data(self) -> dict:
+        return json.loads(self.call)
+
+    @functools.cached_property
+    def replay_data(self) -> dict:
+        return json.loads(self.replay)
+
+    @property
+    def hardware(self) -> dict:
+        return self.replay_data.get("hardware") or {}
+
+    @property
+    def target(self) -> str:
+        target = self.call_data["target"]
+        return target.get("function") or target.get("object", "?")
+
+    def describe(self) -> str:
+        return f"cute.compile of {self.target} ({len(self.call_data.get('args', []))} arguments)"
+
+
+class RecordedCalls(KernelFamily):
+    """The family of every recorded `cute.compile` call. It has no op and no default keys: its
+    keys come from record files and miss logs, and it serves `cute.compile` itself."""
+
+    name = FAMILY
+    version = FAMILY_VERSION
+    Key = RecordedCallKey
+    # Whatever the recorded kernel supports: a key built for an architecture its code does not
+    # support fails to compile, and the build says so with the key.
+    archs = tuple(SUPPORTED_ARCHS)
+    abi = ()  # each key's exported function has the signature of its own recorded call
+    builder = "cute_aot.kernels.recorded.replay"
+    serves = "cutlass.cute.compile"
+
+    def patches(self, serving) -> list[Patch]:
+        from cute_aot.runtime import compile_hook
+
+        return [compile_hook.serving_patch(serving)]
+
+    def describe_problem(self, problem) -> dict:
+        return dict(problem) if isinstance(problem, dict) else {}
+
+
+family = RecordedCalls()
+
+
+def read_records(path) -> list[dict]:
+    """The records of a record file, in order; a torn last line (a writer killed mid-append)
+    and lines of other formats are skipped."""
+    from pathlib import Path
+
+    records = []
+    with Path(path).open("rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("format") == RECORD_FORMAT:
+                records.append(record)
+    return records

@@ -1,0 +1,331 @@
+"""A live `cute.compile` call as data: the key of the recorded family, with no tracing.
+
+Used where cutlass is already imported (inside `cute.compile`, and by the build's replay), so
+the cutlass names below are looked up lazily. What is described, and why:
+
+- the target: `module:qualname` of the `@cute.jit` function, resolved exactly as
+  `CompileCallable._compile` does (a bound method or a kernel object puts the object first);
+  a kernel object is described by its class and its `__dict__` (the DSL bakes `self` in);
+- the source hash of the files that define the target (a new release of the code is a new key);
+- each argument by what makes up the compiled function's type: a `from_dlpack` tensor by its
+  dtype and layout type (`(?,?{div=16}):(?{i64},1)`: dynamic modes read `?`), a fake tensor by
+  its dtype, shape and stride with symbolic sizes numbered in order of appearance, a stream by
+  kind, a scalar by its type when its parameter is dynamic and by its value when it is a
+  compile-time constant (the DSL's own rule, `is_argument_constexpr`);
+- the compile options that differ from the defaults, less the target architecture (the
+  bundle's) and dump/keep paths (host-specific), and the `CUTE_DSL_*` variables that change code.
+
+What cannot be described as data (a closure, an object holding a live handle) raises
+NotRecreatable with the reason, which records and builds list with the call site.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import os
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+from cute_aot.kernels.recorded import RecordedCallKey, canonical
+
+# Options that say where files go, or which architecture: never part of the identity.
+HOST_OPTIONS = frozenset({"GPUArch", "KeepCUBIN", "KeepPTX", "KeepSASS", "DumpDir",
+                          "FlattenLocsOutputJsonPath", "RemarkOutput"})  # fmt: skip
+# CUTE_DSL_* variables the compiler merges into every compile that change the code it emits.
+CODEGEN_ENV = ("CUTE_DSL_ENABLE_TVM_FFI", "CUTE_DSL_COMPILER_OPT", "CUTE_DSL_LINEINFO",
+               "CUTE_DSL_ENABLE_ASSERTIONS", "CUTE_DSL_ENABLE_PYIR", "CUTE_DSL_DEBUG")  # fmt: skip
+
+
+class NotRecreatable(Exception):
+    """This call cannot be described as data a CPU can replay; str() says why."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One `cute.compile` call: its identity, what a replay needs, and how to call its result."""
+
+    identity: dict
+    examples: list  # per argument (positional, then keyword by name): concrete values
+    tvm_ffi: bool
+    signature: dict  # kwargs wrapper spec of the compiled function: names and defaults
+    arch: str | None = None  # the architecture the options name, if they do
+
+    def key(self, hardware: dict | None = None) -> RecordedCallKey:
+        replay = {"examples": self.examples, "hardware": hardware or {}}
+        return RecordedCallKey(call=canonical(self.identity), replay=canonical(replay))
+
+    @property
+    def target(self) -> str:
+        target = self.identity["target"]
+        return target.get("function") or target["object"]
+
+
+def resolve_target(func, args: tuple) -> tuple[object, tuple]:
+    """(the undecorated function, the arguments it is traced with), as `_compile` does."""
+    if inspect.ismethod(func):
+        args, func = (func.__self__, *args), func.__func__
+    elif not inspect.isfunction(func) and hasattr(getattr(func, "__call__", None), "__func__"):
+        args, func = (func, *args), type(func).__call__
+    while hasattr(func, "__wrapped__"):
+        func = func.__wrapped__
+    return func, tuple(args)
+
+
+def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
+    """The Call of `compile_callable(func, *args, **kwargs)`; NotRecreatable when it has none."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("trace_finalize_hooks", "is_experimental")}
+    options = kwargs.pop("options", None)
+    target, args = resolve_target(func, args)
+    name = _qualified(target)
+    try:
+        bound = inspect.signature(target, eval_str=True).bind(*args, **kwargs)
+    except (TypeError, ValueError, NameError) as exc:
+        raise NotRecreatable(f"{name}: arguments do not bind to its signature ({exc})") from exc
+    for parameter in bound.signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            if bound.arguments.get(parameter.name):
+                raise NotRecreatable(f"{name}: takes *{parameter.name}, which records do not hold")
+    describer = _Describer()
+    identity_args, examples, constexpr = [], [], {}
+    for index, (param, value) in enumerate(bound.arguments.items()):
+        parameter = bound.signature.parameters[param]
+        is_constant = _is_constexpr(index, parameter, value)
+        constexpr[param] = is_constant
+        described, example = describer.argument(value, is_constant, f"argument {param!r}")
+        identity_args.append([param, described])
+        examples.append(example)
+    target_data: dict = {"function": name}
+    files = {_source_file(target)}
+    if args and constexpr.get(next(iter(bound.arguments))) and not inspect.isfunction(func):
+        owner = type(args[0])
+        target_data = {"function": name, "object": _qualified(owner)}
+        files.add(_source_file(owner))
+    compile_options = _effective_options(compile_callable, options)
+    tvm_ffi = bool(compile_options.get("EnableTVMFFI")) or os.environ.get(
+        "CUTE_DSL_ENABLE_TVM_FFI", ""
+    ).lower() in ("1", "true")
+    identity = {
+        "target": target_data,
+        "source": _hash_files(tuple(sorted(f for f in files if f))),
+        "args": identity_args,
+        "options": {k: v for k, v in compile_options.items() if k not in HOST_OPTIONS},
+        "env": {k: os.environ[k] for k in CODEGEN_ENV if os.environ.get(k)},
+    }
+    arch = compile_options.get("GPUArch") or None
+    return Call(identity, examples, tvm_ffi, _wrapper_spec(bound.signature, bound), arch)
+
+
+def _qualified(obj) -> str:
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname:
+        raise NotRecreatable(f"{obj!r} has no importable name")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise NotRecreatable(f"{module}:{qualname} is defined inside a function (a closure): "
+                             "a replay cannot import it")  # fmt: skip
+    if module == "__main__":
+        raise NotRecreatable(f"{qualname} is defined in __main__: a replay cannot import it")
+    return f"{module}:{qualname}"
+
+
+def _source_file(obj) -> str | None:
+    try:
+        return inspect.getsourcefile(obj)
+    except TypeError:
+        return None
+
+
+@functools.cache
+def _hash_file(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _hash_files(paths: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        info = os.stat(path)
+        digest.update(_hash_file(path, info.st_mtime_ns, info.st_size).encode())
+    return digest.hexdigest()
+
+
+def _constexpr_annotation(index: int, parameter: inspect.Parameter) -> bool:
+    """`self` at 0, or a Constexpr annotation (jit_arg_adapters.is_arg_annotation_constexpr):
+    what leaves a parameter out of the compiled function's signature."""
+    from cutlass import Constexpr
+
+    annotation = parameter.annotation
+    if index == 0 and parameter.name in ("self", "cls"):
+        return True
+    if annotation is Constexpr or typing.get_origin(annotation) is Constexpr:
+        return True
+    return isinstance(annotation, type) and issubclass(annotation, Constexpr)
+
+
+def _is_constexpr(index: int, parameter: inspect.Parameter, value) -> bool:
+    """The DSL's rule (jit_arg_adapters.is_argument_constexpr): a constant annotation, or a
+    type passed where no other annotation says otherwise, or None: baked into the binary."""
+    annotation = parameter.annotation
+    if _constexpr_annotation(index, parameter):
+        return True
+    if value is None:
+        return True
+    if isinstance(value, type):
+        return annotation is inspect.Parameter.empty or typing.get_origin(annotation) is type
+    return False
+
+
+def _effective_options(compile_callable, options) -> dict:
+    """{option class name: value} of what the compile uses, defaults left out."""
+    from cutlass.base_dsl import compiler
+
+    if isinstance(options, str) and options:
+        chosen = compiler._parse_compile_options_from_str(options)
+        for selector in (compiler.FrontendNext, compiler.DisableCuteExtCompile):
+            if compile_callable._compile_options.options[selector].value:
+                chosen.options[selector].value = True
+    else:
+        chosen = compile_callable._compile_options
+    found = {}
+    for cls, option in chosen.options.items():
+        default = cls(cls._default).value if hasattr(cls, "_default") else None
+        if option.value != default:
+            found[cls.__name__] = option.value
+    return found
+
+
+def _wrapper_spec(signature: inspect.Signature, bound) -> dict:
+    """What the compiled function takes when called, as the DSL's get_kwargs_wrapper_spec
+    says it: the parameters not annotated as constants and not the environment's stream,
+    positional then keyword-only, with their defaults."""
+    names, defaults, kwonly, kwonly_defaults, env_streams = [], [], [], {}, []
+    for index, (name, parameter) in enumerate(signature.parameters.items()):
+        value = bound.arguments.get(name, parameter.default)
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if _is_env_stream(value):
+            env_streams.append(name)
+            continue
+        if _constexpr_annotation(index, parameter):
+            continue
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            kwonly.append(name)
+            if parameter.default is not inspect.Parameter.empty:
+                kwonly_defaults[name] = parameter.default
+        else:
+            names.append(name)
+            if parameter.default is not inspect.Parameter.empty:
+                defaults.append(parameter.default)
+    plain = all(isinstance(v, (int, float, bool, str, type(None))) for v in [*defaults,
+                *kwonly_defaults.values()])  # fmt: skip
+    return {"arg_names": names, "arg_defaults": defaults if plain else None,
+            "kwonly_names": kwonly, "kwonly_defaults": kwonly_defaults if plain else None,
+            "env_streams": env_streams}  # fmt: skip
+
+
+def _is_env_stream(value) -> bool:
+    return bool(getattr(value, "use_tvm_ffi_env_stream", False))
+
+
+class _Describer:
+    """Describes arguments (identity, example) with one numbering of symbolic sizes per call:
+    the same SymInt object in two arguments is one variable of the compiled function."""
+
+    def __init__(self):
+        self.symbols: dict[int, int] = {}
+
+    def argument(self, value, constant: bool, where: str):
+        import cutlass
+        from cutlass.cute import runtime as cute_runtime
+
+        if isinstance(value, cute_runtime._Tensor):
+            return self._dlpack_tensor(value)
+        if isinstance(value, cute_runtime._FakeTensor):
+            return self._fake_tensor(value), None
+        if _is_stream(value):
+            return self._stream(value)
+        if type(value).__name__ == "SymInt":
+            return {"sym": self._symbol(value)}, None
+        if isinstance(value, type) and issubclass(value, cutlass.Numeric):
+            return {"dsl_type": value.__name__}, None
+        if isinstance(value, cutlass.Numeric):
+            number = {"numeric": type(value).__name__}
+            if constant:
+                return {**number, "value": value.value}, None
+            return number, value.value
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            kind = type(value).__name__
+            return ({"py": kind, "value": value}, None) if constant else ({"py": kind}, value)
+        if isinstance(value, (tuple, list)) and constant:
+            items = [self.argument(item, True, f"{where}[{i}]")[0] for i, item in enumerate(value)]
+            return {"tuple": items}, None
+        if constant and hasattr(value, "__dict__") and not inspect.isroutine(value):
+            state = {}
+            for attr, item in sorted(vars(value).items()):
+                state[attr] = self.argument(item, True, f"{where}.{attr}")[0]
+            return {"object": _qualified(type(value)), "state": state}, None
+        raise NotRecreatable(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
+                             "cannot be described as data")  # fmt: skip
+
+    def _symbol(self, sym) -> dict:
+        number = self.symbols.setdefault(id(sym), len(self.symbols))
+        return {"n": number, "width": sym.width, "div": sym.divisibility, "symbol": sym.symbol}
+
+    def _dim(self, value):
+        return {"sym": self._symbol(value)} if type(value).__name__ == "SymInt" else value
+
+    def _fake_tensor(self, tensor) -> dict:
+        return {"fake": {
+            "dtype": tensor.element_type.__name__,
+            "shape": [self._dim(d) for d in tensor.shape],
+            "stride": [self._dim(d) for d in tensor.stride],
+            "memspace": str(tensor.memspace),
+            "align": tensor._assumed_align,
+            "stride32": bool(tensor._use_32bit_stride),
+        }}  # fmt: skip
+
+    def _dlpack_tensor(self, tensor):
+        if tensor._dltensor_wrapper is None:
+            tensor.load_dltensor()
+        wrapper = tensor._dltensor_wrapper
+        identity = {"dlpack": {
+            "dtype": tensor.element_type.__name__,
+            "layout": wrapper.cache_key(),  # memory space, static sizes, ? for dynamic modes
+            "align": tensor._assumed_align,
+            "stride32": bool(tensor._use_32bit_stride),
+            "tvm_ffi": hasattr(tensor, "_tvm_ffi_tensor"),
+        }}  # fmt: skip
+        example = {
+            "shape": list(tensor.shape),
+            "stride": list(tensor.stride),
+            "storage": str(wrapper.dtype),
+            "marks": getattr(tensor, "_cute_aot_marks", None),
+        }
+        return identity, example
+
+    @staticmethod
+    def _stream(value):
+        if hasattr(value, "use_tvm_ffi_env_stream"):
+            return {"stream": "env" if value.use_tvm_ffi_env_stream else "fake"}, None
+        handle = int(value)
+        return {"stream": "cuda", "null": handle == 0}, handle
+
+
+def _is_stream(value) -> bool:
+    kind = type(value)
+    return kind.__name__ in ("CUstream", "_FakeStream") or hasattr(value, "use_tvm_ffi_env_stream")
+
+
+def signature_mismatch(derived: dict, spec_of) -> str | None:
+    """None when `spec_of(env stream names)` (the DSL's get_kwargs_wrapper_spec) names the
+    arguments `derived` does; else the difference in words."""
+    try:
+        actual = spec_of(derived["env_streams"])
+    except Exception:  # an older cutlass-dsl: nothing to compare against
+        return None
+    wanted = (list(actual.arg_names), list(actual.kwonly_names))
+    mine = (list(derived["arg_names"]), list(derived["kwonly_names"]))
+    if wanted != mine:
+        return f"derived signature {mine} differs from the compiled function's {wanted}"
+    return None

@@ -1,0 +1,204 @@
+"""The one hook on `cute.compile`: recording calls (runtime/record.py) and serving recorded
+kernels from bundles (`intercept()`), for every way a caller reaches it.
+
+`cute.compile` is a `CompileCallable` instance, called plainly or subscripted with options
+(`cute.compile[opts](...)`, a new instance), and bound at import by callers; every form ends in
+`CompileCallable._compile`, so that method is replaced on the class, once. The hook costs
+nothing on calls that never reach `cute.compile`, and a compile that records nor serves goes
+straight to the original.
+
+Serving follows the one fallback policy (runtime/policy.py) through the recorded family's
+`Serving`: a hit returns the bundle's TVM-FFI function, called exactly as the compiled function
+would be (the compile-time constants and the environment stream left out, keyword arguments
+as the recorded signature names them); a miss compiles as before in mode auto (recorded for the
+next build), raises in mode aot, and mode jit never looks.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from cute_aot.artifacts.errors import KernelNotFoundError
+from cute_aot.kernels import Patch
+from cute_aot.kernels.recorded import FAMILY
+from cute_aot.runtime.mode import Mode, current_mode
+from cute_aot.runtime.notices import warn_once
+
+__all__ = ["intercept", "serving_patch", "uninstall"]
+
+_serving = None  # the recorded family's Serving while intercepting (set by its Patch)
+_recorders: list = []  # runtime/record.Recorder objects, innermost last
+_lock = threading.Lock()
+_original = None  # CompileCallable._compile as cutlass-dsl defines it
+_local = threading.local()  # compiles in progress on this thread (a probe inside a compile)
+
+
+def serving_patch(serving) -> Patch:
+    """The recorded family's patch (serving.install applies and undoes it)."""
+    install_hook()
+    return Patch(owner=sys.modules[__name__], attribute="_serving", replace=lambda _: serving)
+
+
+def intercept() -> str:
+    """Serve recorded kernels at `cute.compile` from the loaded bundles; 'installed' or why not."""
+    from cute_aot.runtime import serving
+
+    return serving.install([FAMILY])[FAMILY]
+
+
+def uninstall() -> None:
+    from cute_aot.runtime import serving
+
+    serving.uninstall([FAMILY])
+
+
+def install_hook() -> None:
+    """Replace CompileCallable._compile (and log `mark_*` calls of tensors, which a replay
+    needs and a tensor does not keep) once per process."""
+    global _original
+    with _lock:
+        if _original is not None:
+            return
+        from cutlass.base_dsl.compiler import CompileCallable
+        from cutlass.cute import runtime as cute_runtime
+
+        _original = CompileCallable._compile
+        CompileCallable._compile = _compile
+        for name in ("mark_layout_dynamic", "mark_compact_shape_dynamic"):
+            setattr(cute_runtime._Tensor, name, _logging_mark(name, getattr(cute_runtime._Tensor, name)))
+
+
+def _logging_mark(name: str, method):
+    import inspect
+
+    signature = inspect.signature(method)
+
+    def mark(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = {k: list(v) if isinstance(v, tuple) else v
+                     for k, v in bound.arguments.items() if k != "self"}  # fmt: skip
+        marks = self.__dict__.setdefault("_cute_aot_marks", [])
+        marks.append([name, arguments])
+        return method(self, *args, **kwargs)
+
+    mark.__wrapped__ = method
+    return mark
+
+
+def _compile(self, func, *args, **kwargs):
+    from cute_aot.kernels.recorded import hardware
+
+    serving, recorders = _serving, list(_recorders)
+    nested = getattr(_local, "depth", 0) > 0
+    if nested or (serving is None and not recorders) or hardware.is_probe(func):
+        return _original(self, func, *args, **kwargs)
+    call, why = _describe(self, func, args, kwargs)
+    if serving is not None:
+        served = _served(serving, call, why)
+        if served is not None:
+            return served
+    queried: dict = {}
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        if recorders:
+            with hardware.logged(queried):
+                compiled = _original(self, func, *args, **kwargs)
+        else:
+            compiled = _original(self, func, *args, **kwargs)
+    finally:
+        _local.depth -= 1
+    for recorder in recorders:
+        recorder.add(call, why, queried, compiled, _call_site())
+    return compiled
+
+
+def _describe(compile_callable, func, args, kwargs):
+    """(Call, None), or (None, why not) — never raises: the user's compile goes on."""
+    from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
+
+    try:
+        return describe_call(compile_callable, func, args, kwargs), None
+    except NotRecreatable as exc:
+        return None, str(exc)
+    except Exception as exc:  # a cutlass-dsl this code does not know: record why, compile
+        return None, f"could not be described ({type(exc).__name__}: {exc})"
+
+
+def _served(serving, call, why):
+    """The bundle's function for `call`, or None for the caller's own compile (mode auto)."""
+    mode = current_mode()
+    if mode is Mode.JIT:
+        return None
+    if call is None or not call.tvm_ffi:
+        why = why or "compiled without TVM-FFI (bundles serve TVM-FFI functions only)"
+        if mode is Mode.AOT:
+            raise KernelNotFoundError(FAMILY, "-", _arch(call), [], detail=f"{why}; mode aot")
+        warn_once(("not-servable", why), f"cute.compile call not served: {why}; compiling it")
+        return None
+    key, arch = call.key(), _arch(call)
+    function = serving.function(key, arch, {"target": call.target, "site": _call_site()})
+    if function is None:
+        return None
+    unfit = _hardware_differs(key, arch)
+    if unfit:
+        if mode is Mode.AOT:
+            raise KernelNotFoundError(FAMILY, key.id, arch, [], detail=f"{unfit}; mode aot")
+        warn_once(("hardware", key.id), f"recorded kernel {key.id} not served: {unfit}")
+        return None
+    return _callable_as_compiled(function, call.signature)
+
+
+def _arch(call) -> str:
+    from cute_aot.runtime.device import current_gpu_arch
+
+    return (call.arch if call is not None else None) or current_gpu_arch() or "sm_100a"
+
+
+def _hardware_differs(key, arch: str) -> str | None:
+    """Why a bundle kernel whose trace asked the GPU for values must not run on this GPU."""
+    from cute_aot.kernels.recorded import RecordedCallKey
+    from cute_aot.kernels.recorded.hardware import live_device
+    from cute_aot.runtime.registry import REGISTRY
+
+    fields = REGISTRY.entry_key(FAMILY, key.id, arch)
+    if fields is None:
+        return None
+    built = RecordedCallKey.from_fields(fields).replay_data
+    if not built.get("hardware"):
+        return None
+    here = live_device()
+    if built.get("device") != here:
+        return (f"its trace asked the GPU {built.get('device')} for {sorted(built['hardware'])}; "
+                f"this GPU is {here}")  # fmt: skip
+    return None
+
+
+def _callable_as_compiled(function, spec: dict):
+    """The TVM-FFI function, taking arguments as the compiled function would (by keyword too)."""
+    if not spec["arg_names"] and not spec["kwonly_names"]:
+        return function
+    if spec["arg_defaults"] is None or spec["kwonly_defaults"] is None:
+        return function  # defaults that are not plain values: positional calls only
+    from tvm_ffi.utils.kwargs_wrapper import make_kwargs_wrapper
+
+    return make_kwargs_wrapper(
+        function,
+        arg_names=spec["arg_names"],
+        arg_defaults=tuple(spec["arg_defaults"]),
+        kwonly_names=spec["kwonly_names"],
+        kwonly_defaults=spec["kwonly_defaults"],
+    )
+
+
+def _call_site() -> str:
+    """file:line of the first frame outside cutlass and cute-aot: where the user compiled."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("cutlass", "cute_aot.runtime", "cute_aot.kernels.recorded")):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+

@@ -1,0 +1,145 @@
+"""Recording `cute.compile` calls: every distinct call of a real run, appended once to a record
+file that `aot-build --from-record FILE` replays on a CPU.
+
+    from cute_aot.runtime.record import recording
+    with recording("calls.jsonl"):
+        run_the_warm_up()                   # or: CUTE_AOT_RECORD=calls.jsonl, from process start
+
+A record file is JSON lines, one per distinct call (several processes may write one file at
+once: appends happen under a file lock, and a call already in the file is not written again).
+Each line holds the recorded family's key (kernels/recorded: what is compiled, its source hash,
+every argument's type, the options; example values and the hardware answers a replay needs),
+the architecture, the call site, and for a call that cannot be replayed the reason instead.
+Recording never changes what the compile returns, and a failure to record is said, not raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from filelock import FileLock
+
+from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT
+from cute_aot.kernels.recorded.calls import signature_mismatch
+from cute_aot.runtime import compile_hook
+from cute_aot.runtime.notices import warn_once
+
+__all__ = ["Recorder", "recording"]
+
+
+class Recorder:
+    """Appends records of distinct calls to one file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._written: set[str] = set()  # key ids (or call sites of unreplayable calls) on file
+        self._read_up_to = 0
+
+    def add(self, call, why: str | None, queried: dict, compiled, site: str) -> None:
+        try:
+            record, subject = self._record(call, why, queried, compiled, site)
+            self._append(record, subject)
+        except Exception as exc:  # a record lost is said once; the compile result stands
+            warn_once(("record", str(self.path), type(exc).__name__),
+                      f"cannot record a cute.compile call into {self.path}: {exc}")  # fmt: skip
+
+    def _record(self, call, why, queried, compiled, site):
+        from cute_aot.runtime.device import current_gpu_arch
+
+        common = {"format": RECORD_FORMAT, "family": FAMILY, "site": site, "host":
+                  socket.gethostname(), "pid": os.getpid(), "time": time.strftime(
+                      "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        if call is None:
+            return {**common, "recreatable": False, "reason": why}, f"site:{site}:{why}"
+        from cute_aot.kernels.recorded.hardware import live_device
+
+        key = call.key(queried)
+        if queried:  # the answers hold for this GPU model: say which it was
+            replay = {**key.replay_data, "device": live_device()}
+            key = type(key)(call=key.call, replay=json.dumps(replay, sort_keys=True,
+                                                             separators=(",", ":")))  # fmt: skip
+        record = {**common, "recreatable": True, "key_id": key.id, "key": key.fields(),
+                  "arch": call.arch or current_gpu_arch(), "target": call.target,
+                  "tvm_ffi": call.tvm_ffi}  # fmt: skip
+        mismatch = _signature_mismatch(call, compiled)
+        if mismatch:
+            record.update(servable=False, reason=mismatch)
+        return record, key.id
+
+    def _append(self, record: dict, subject: str) -> None:
+        if subject in self._written:
+            return
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{self.path}.lock"):
+            self._read_others()
+            if subject in self._written:
+                return
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+            self._read_up_to += len(line)
+            self._written.add(subject)
+
+    def _read_others(self) -> None:
+        """What other processes appended since this one last looked (under the lock)."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._read_up_to)
+                for line in handle:
+                    if not line.endswith(b"\n"):
+                        break
+                    self._read_up_to += len(line)
+                    try:
+                        done = json.loads(line)
+                    except ValueError:
+                        continue
+                    if done.get("key_id"):
+                        self._written.add(done["key_id"])
+                    elif done.get("site"):
+                        self._written.add(f"site:{done['site']}:{done.get('reason')}")
+        except FileNotFoundError:
+            pass
+
+
+def _signature_mismatch(call, compiled) -> str | None:
+    """Compare the signature derived without tracing with the compiled function's own: a
+    served kernel must take its arguments exactly as the compiled one did."""
+    spec = getattr(getattr(compiled, "execution_args", None), "get_kwargs_wrapper_spec", None)
+    if spec is None:
+        return None
+    return signature_mismatch(call.signature, spec)
+
+
+
+
+@contextlib.contextmanager
+def recording(path: str | os.PathLike):
+    """Record every distinct `cute.compile` call made inside the block into `path`."""
+    compile_hook.install_hook()
+    recorder = Recorder(path)
+    compile_hook._recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        compile_hook._recorders.remove(recorder)
+
+
+def record_from_env() -> Recorder | None:
+    """CUTE_AOT_RECORD: record this whole process (called when cute_aot.runtime is imported)."""
+    from cute_aot.artifacts import settings
+
+    path = settings.record_file()
+    if path is None:
+        return None
+    compile_hook.install_hook()
+    recorder = Recorder(path)
+    compile_hook._recorders.append(recorder)
+    return recorder
