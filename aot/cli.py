@@ -248,7 +248,9 @@ def plan_from_record(path, archs, console: Console) -> tuple[dict[str, list], li
         console.print(table)
     if not plan:
         raise CuteAotError(f"{path}: no recorded call to build")
-    return {arch: sorted(keys.values(), key=lambda k: k.symbol) for arch, keys in plan.items()}, left_out
+    return {
+        arch: sorted(keys.values(), key=lambda k: k.symbol) for arch, keys in plan.items()
+    }, left_out
 
 
 # -- options shared by every command that writes bundles (add new ones here: build and merge

@@ -66,7 +66,9 @@ def install_hook() -> None:
         _original = CompileCallable._compile
         CompileCallable._compile = _compile
         for name in ("mark_layout_dynamic", "mark_compact_shape_dynamic"):
-            setattr(cute_runtime._Tensor, name, _logging_mark(name, getattr(cute_runtime._Tensor, name)))
+            setattr(
+                cute_runtime._Tensor, name, _logging_mark(name, getattr(cute_runtime._Tensor, name))
+            )
 
 
 def _logging_mark(name: str, method):
@@ -102,16 +104,28 @@ def _compile(self, func, *args, **kwargs):
     queried: dict = {}
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        if recorders:
-            with hardware.logged(queried):
-                compiled = _original(self, func, *args, **kwargs)
-        else:
+        with _logging_hardware(queried, bool(recorders)):
             compiled = _original(self, func, *args, **kwargs)
     finally:
         _local.depth -= 1
     for recorder in recorders:
         recorder.add(call, why, queried, compiled, _call_site())
     return compiled
+
+
+def _logging_hardware(into: dict, wanted: bool):
+    """hardware.logged(into) when recording and possible; else nothing (the compile goes on)."""
+    import contextlib
+
+    from cute_aot.kernels.recorded import hardware
+
+    if not wanted:
+        return contextlib.nullcontext()
+    try:
+        return hardware.logged(into)
+    except Exception as exc:  # e.g. a cutlass-dsl without HardwareInfo: record without it
+        warn_once(("hardware-log", type(exc).__name__), f"hardware queries not logged: {exc}")
+        return contextlib.nullcontext()
 
 
 def _describe(compile_callable, func, args, kwargs):
@@ -201,4 +215,3 @@ def _call_site() -> str:
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
-

@@ -118,8 +118,6 @@ def _signature_mismatch(call, compiled) -> str | None:
     return signature_mismatch(call.signature, spec)
 
 
-
-
 @contextlib.contextmanager
 def recording(path: str | os.PathLike):
     """Record every distinct `cute.compile` call made inside the block into `path`."""

@@ -67,7 +67,9 @@ def resolve_target(func, args: tuple) -> tuple[object, tuple]:
     """(the undecorated function, the arguments it is traced with), as `_compile` does."""
     if inspect.ismethod(func):
         args, func = (func.__self__, *args), func.__func__
-    elif not inspect.isfunction(func) and hasattr(getattr(func, "__call__", None), "__func__"):
+    elif not inspect.isfunction(func) and inspect.isfunction(
+        inspect.getattr_static(type(func), "__call__", None)
+    ):
         args, func = (func, *args), type(func).__call__
     while hasattr(func, "__wrapped__"):
         func = func.__wrapped__
@@ -76,7 +78,9 @@ def resolve_target(func, args: tuple) -> tuple[object, tuple]:
 
 def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     """The Call of `compile_callable(func, *args, **kwargs)`; NotRecreatable when it has none."""
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("trace_finalize_hooks", "is_experimental")}
+    kwargs = {
+        k: v for k, v in kwargs.items() if k not in ("trace_finalize_hooks", "is_experimental")
+    }
     options = kwargs.pop("options", None)
     target, args = resolve_target(func, args)
     name = _qualified(target)

@@ -102,7 +102,9 @@ def rebuild(described: dict, example, symbols: dict):
 
 def _symbol(sym: dict, symbols: dict):
     if sym["n"] not in symbols:
-        symbols[sym["n"]] = cute.sym_int(sym["width"], divisibility=sym["div"], symbol=sym["symbol"])
+        symbols[sym["n"]] = cute.sym_int(
+            sym["width"], divisibility=sym["div"], symbol=sym["symbol"]
+        )
     return symbols[sym["n"]]
 
 
@@ -125,6 +127,7 @@ def _dlpack_tensor(described: dict, example: dict):
         if tensor.element_type is not getattr(cutlass, described["dtype"]):
             tensor.element_type = getattr(cutlass, described["dtype"])
         return tensor
+
     marks = example.get("marks")
     candidates = [marks] if marks else _likely_marks(len(example["shape"]))
     for candidate in candidates:
@@ -136,8 +139,12 @@ def _dlpack_tensor(described: dict, example: dict):
             return marked
     raise ValueError(
         f"cannot re-create a tensor of type {described['layout']}"
-        + ("" if marks else ": its dynamic modes were marked before recording began (set "
-           "CUTE_AOT_RECORD from process start, so that marks are logged)")
+        + (
+            ""
+            if marks
+            else ": its dynamic modes were marked before recording began (set "
+            "CUTE_AOT_RECORD from process start, so that marks are logged)"
+        )
     )
 
 
@@ -164,7 +171,11 @@ class _Tensor(ctypes.Structure):
 
 
 class _Managed(ctypes.Structure):
-    _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+    _fields_ = [
+        ("dl_tensor", _Tensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New

@@ -1,0 +1,259 @@
+"""FlashInfer's CuTe DSL kernels through the recorded family: record, then serve, on a GPU.
+
+One sweep of FlashInfer 0.7.4 public functions whose sm_90 path reaches `cute.compile` (GDN
+decode: nontranspose, pretranspose with fp32 and bf16 state, default and explicit scale, over
+Qwen3-Next head layouts at TP 1..8 and decode batches 1..512; RMSNorm / fused add RMSNorm over
+common hidden sizes) plus a user's plain `@cute.jit` kernel (tests/user_kernels/scale.py). Each
+phase is a fresh process running the sweep twice, with inputs made from a seed per call:
+
+    record  CUTE_AOT_RECORD=FILE: FlashInfer compiles as usual; every distinct call is recorded
+    jit     FlashInfer's own JIT, its disk cache off (the baseline the others are compared with)
+    disk    FlashInfer's disk cache, filled by an earlier `jit --keep-disk-cache` process
+    aot     CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot with the bundles built from the record
+
+Readiness is what the first pass costs beyond the second (compiling or loading every kernel),
+per distinct kernel; `compiles` counts real `cute.compile` executions in the process (the hook
+is on the only path into the compiler); `digests` are sha256 of every output and updated state,
+for the bitwise comparison (`compare`).
+
+    python benchmarks/recorded_flashinfer.py run --phase jit --out results/jit.json
+    python benchmarks/recorded_flashinfer.py compare results/jit.json results/aot.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+LAYOUTS = (
+    (16, 32),
+    (8, 16),
+    (4, 8),
+    (2, 4),
+)  # Qwen3-Next-80B (H, HV) at TP 1, 2, 4, 8; K = V = 128
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+HIDDEN = (2048, 4096, 5120, 7168, 8192)
+
+
+def sweep(torch, device):
+    """[(name, params, run)]: run() makes its inputs from a seed and returns the output tensors."""
+    from flashinfer import gdn_decode as gdn
+    from flashinfer import norm
+
+    def randn(gen, *shape, dtype=torch.bfloat16):
+        return (torch.randn(*shape, device=device, generator=gen) * 0.1).to(dtype)
+
+    calls = []
+    for h, hv in LAYOUTS:
+        for batch in BATCHES:
+            for variant, scale in (("default scale", None), ("scale=1.0", 1.0)):
+                if scale is not None and (h, hv) != LAYOUTS[0]:
+                    continue  # an explicit scale once: it is a key of its own
+
+                def inputs(seed, h=h, hv=hv, batch=batch, state_dtype=torch.float32, kmajor=True):
+                    gen = torch.Generator(device=device).manual_seed(seed)
+                    q, k = randn(gen, batch, 1, h, 128), randn(gen, batch, 1, h, 128)
+                    v = randn(gen, batch, 1, hv, 128)
+                    a, b = randn(gen, batch, 1, hv), randn(gen, batch, 1, hv)
+                    a_log = randn(gen, hv, dtype=torch.float32)
+                    dt_bias = randn(gen, hv, dtype=torch.float32)
+                    state = randn(gen, batch, hv, 128, 128, dtype=state_dtype)
+                    return q, k, v, state, a_log, a, dt_bias, b
+
+                def nontranspose(seed, inputs=inputs, scale=scale):
+                    q, k, v, state, a_log, a, dt_bias, b = inputs(seed)
+                    out, _ = gdn.gated_delta_rule_decode(q, k, v, state, a_log, a, dt_bias, b,
+                                                         scale=scale, backend="flashinfer")  # fmt: skip
+                    return out, state
+
+                params = {"H": h, "HV": hv, "B": batch, "variant": variant}
+                calls.append(("gdn decode nontranspose fp32 state", params, nontranspose))
+                if scale is None:
+                    for state_dtype in (torch.float32, torch.bfloat16):
+
+                        def pretranspose(seed, inputs=inputs, state_dtype=state_dtype):
+                            q, k, v, state, a_log, a, dt_bias, b = inputs(
+                                seed, state_dtype=state_dtype
+                            )
+                            out, _ = gdn.gated_delta_rule_decode_pretranspose(
+                                q, k, v, state, a_log, a, dt_bias, b, backend="flashinfer"
+                            )
+                            return out, state
+
+                        name = f"gdn decode pretranspose {str(state_dtype)[6:]} state"
+                        calls.append((name, params, pretranspose))
+    for hidden in HIDDEN:
+        for rows in (1, 256):
+
+            def rmsnorm(seed, hidden=hidden, rows=rows):
+                gen = torch.Generator(device=device).manual_seed(seed)
+                x, w = randn(gen, rows, hidden), randn(gen, hidden)
+                return (norm.rmsnorm(x, w, 1e-6),)
+
+            def fused_add(seed, hidden=hidden, rows=rows):
+                gen = torch.Generator(device=device).manual_seed(seed)
+                x, r, w = randn(gen, rows, hidden), randn(gen, rows, hidden), randn(gen, hidden)
+                norm.fused_add_rmsnorm(x, r, w, 1e-6)
+                return x, r
+
+            params = {"hidden": hidden, "rows": rows}
+            calls.append(("rmsnorm bf16", params, rmsnorm))
+            calls.append(("fused_add_rmsnorm bf16", params, fused_add))
+    calls += user_kernel_calls(torch, device)
+    return calls
+
+
+def user_kernel_calls(torch, device):
+    """A plain @cute.jit kernel in user code, compiled with cute.compile (no family)."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import from_dlpack, make_fake_stream
+
+    from tests.user_kernels.scale import scale
+
+    compiled = {}
+
+    def run(seed, n, block):
+        gen = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(n, device=device, generator=gen)
+        y = torch.empty_like(x)
+        if block not in compiled:  # the user's own cache, as such code keeps one
+            compiled[block] = cute.compile[cute.EnableTVMFFI(True)](
+                scale, from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
+                from_dlpack(y, assumed_align=16).mark_layout_dynamic(), 1.0,
+                make_fake_stream(use_tvm_ffi_env_stream=True), block=block)  # fmt: skip
+        compiled[block](x, y, 0.5)
+        return (y,)
+
+    return [("user kernel scale", {"n": n, "block": block}, lambda seed, n=n, block=block: run(seed, n, block))
+            for block in (128, 256) for n in (1000, 1 << 20)]  # fmt: skip
+
+
+def digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(
+            t.detach().contiguous().view(-1).view(__import__("torch").uint8).cpu().numpy().tobytes()
+        )
+    return h.hexdigest()
+
+
+@click.group()
+def main():
+    pass
+
+
+@main.command()
+@click.option("--phase", type=click.Choice(["record", "jit", "disk", "aot"]), required=True)
+@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
+@click.option("--keep-disk-cache", is_flag=True, help="jit: let FlashInfer fill its disk cache.")
+def run(phase, out_path, keep_disk_cache):
+    """One phase, in this process (set the environment the phase names before calling)."""
+    if phase in ("record", "jit", "aot") and not keep_disk_cache:
+        os.environ["FLASHINFER_CUTE_DSL_DISABLE_CACHE"] = "1"
+    started = time.perf_counter()
+    import torch
+
+    torch.zeros(1, device="cuda")
+    import cute_aot.runtime  # noqa: F401  (CUTE_AOT_RECORD / CUTE_AOT_INTERCEPT take effect here)
+    from cute_aot.runtime import compile_hook
+
+    compile_hook.install_hook()
+    executed = [0]
+    real = compile_hook._original
+
+    def counted(*args, **kwargs):
+        executed[0] += 1
+        return real(*args, **kwargs)
+
+    compile_hook._original = counted
+    import flashinfer  # noqa: F401
+
+    imported = time.perf_counter() - started
+    device = torch.device("cuda")
+    calls = sweep(torch, device)
+    passes = []
+    for _ in range(2):
+        rows = []
+        for index, (name, params, call) in enumerate(calls):
+            before, t0 = executed[0], time.perf_counter()
+            try:
+                outputs = call(1000 + index)
+                torch.cuda.synchronize()
+                row = {"ok": True, "digest": digest(outputs)}
+            except Exception as exc:  # listed with the call, the sweep goes on
+                torch.cuda.synchronize()
+                row = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            row.update(name=name, params=params, seconds=time.perf_counter() - t0,
+                       compiles=executed[0] - before)  # fmt: skip
+            rows.append(row)
+        passes.append(rows)
+    first, second = passes
+    from cute_aot.runtime import counters
+
+    report = {
+        "phase": phase,
+        "gpu": torch.cuda.get_device_name(),
+        "import_seconds": imported,
+        "calls": len(calls),
+        "failed": [r for r in second if not r["ok"]],
+        "compiles": executed[0],
+        "first_pass_seconds": sum(r["seconds"] for r in first),
+        "second_pass_seconds": sum(r["seconds"] for r in second),
+        "counters": counters(),
+        "env": {
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(("CUTE_AOT", "FLASHINFER", "CUTE_DSL"))
+        },
+        "passes": passes,
+    }
+    report["readiness_seconds"] = report["first_pass_seconds"] - report["second_pass_seconds"]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=1))
+    print(
+        f"{phase}: {len(calls)} calls, {len(report['failed'])} failed, {executed[0]} cute.compile "
+        f"executions, first pass {report['first_pass_seconds']:.2f} s, second "
+        f"{report['second_pass_seconds']:.3f} s, import {imported:.1f} s; counters {counters()}"
+    )
+
+
+@main.command()
+@click.argument("baseline", type=click.Path(exists=True, path_type=Path))
+@click.argument("others", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", "out_path", type=click.Path(path_type=Path))
+def compare(baseline, others, out_path):
+    """Bitwise outputs and readiness of each phase against the baseline (JIT) phase."""
+    base = json.loads(baseline.read_text())
+    kernels = base["compiles"]
+    summary = {"baseline": base["phase"], "kernels": kernels,
+               "baseline_readiness_ms_per_kernel": 1e3 * base["readiness_seconds"] / max(kernels, 1),
+               "phases": {}}  # fmt: skip
+    for path in others:
+        other = json.loads(path.read_text())
+        same = [
+            a["digest"] == b.get("digest")
+            for a, b in zip(base["passes"][1], other["passes"][1], strict=True)
+            if a["ok"]
+        ]
+        row = {"bitwise_equal_calls": sum(same), "compared_calls": len(same),
+               "compiles": other["compiles"], "failed": len(other["failed"]),
+               "readiness_ms_per_kernel": 1e3 * other["readiness_seconds"] / max(kernels, 1),
+               "readiness_speedup": base["readiness_seconds"] / max(other["readiness_seconds"], 1e-9)}  # fmt: skip
+        summary["phases"][other["phase"]] = row
+        print(f"{other['phase']}: {row['bitwise_equal_calls']}/{row['compared_calls']} bitwise equal to "
+              f"{base['phase']}, {row['compiles']} cute.compile executions, readiness "
+              f"{row['readiness_ms_per_kernel']:.1f} ms/kernel vs {summary['baseline_readiness_ms_per_kernel']:.1f}"
+              f" ({row['readiness_speedup']:.0f}x)")  # fmt: skip
+    if out_path:
+        out_path.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()
