@@ -30,6 +30,9 @@ from cute_aot.kernels import (
     source_hash,
 )
 
+# Read at import, before the fresh_runtime fixture isolates the environment.
+BUNDLES = os.environ.get("CUTE_AOT_BUNDLES", "bundles")
+
 PACKAGE_SOURCE = Path(__file__).parent / "external_family"
 DISTRIBUTION = "cute-aot-example-rmsnorm"
 # What a model's RMSNorm layers need, and what the family builds by default.
@@ -464,7 +467,7 @@ def _bundles_with_rmsnorm(arch: str) -> list[Path]:
     from cute_aot.artifacts.bundle import read_manifest
 
     found = []
-    for source in map(Path, os.environ.get("CUTE_AOT_BUNDLES", "bundles").split(os.pathsep)):
+    for source in map(Path, BUNDLES.split(os.pathsep)):
         for path in sorted(source.glob("*.cuteaot")) if source.is_dir() else [source]:
             if not path.is_file():
                 continue

@@ -28,6 +28,9 @@ from cute_aot.kernels.gemm_sm90 import (  # noqa: E402
     fp8_family,
 )
 
+# Read at import, before the fresh_runtime fixture isolates the environment.
+BUNDLES = os.environ.get("CUTE_AOT_BUNDLES", "bundles")
+
 pytestmark = pytest.mark.gpu
 
 ARCH = "sm_90a"
@@ -53,7 +56,7 @@ def _registry():
     from cute_aot.runtime import REGISTRY, load_bundles
 
     if not REGISTRY.bundles:
-        load_bundles(os.environ.get("CUTE_AOT_BUNDLES", "bundles"))
+        load_bundles(BUNDLES)
     return REGISTRY
 
 

@@ -17,6 +17,9 @@ torch = pytest.importorskip("torch")
 
 from cute_aot.artifacts.errors import InputError  # noqa: E402
 
+# Read at import, before the fresh_runtime fixture isolates the environment.
+BUNDLES = os.environ.get("CUTE_AOT_BUNDLES", "bundles")
+
 pytestmark = pytest.mark.gpu
 
 # One dot-product key (M, K compiled in) and one split-K key (all sizes symbolic), both in the
@@ -28,7 +31,7 @@ def _registry():
     from cute_aot.runtime import REGISTRY, load_bundles
 
     if not REGISTRY.bundles:
-        load_bundles(os.environ.get("CUTE_AOT_BUNDLES", "bundles"))
+        load_bundles(BUNDLES)
     return REGISTRY
 
 

@@ -11,6 +11,9 @@ torch = pytest.importorskip("torch")
 
 from cute_aot.kernels.router_gemm import DEFAULT_SHAPES, dispatch  # noqa: E402
 
+# Read at import, before the fresh_runtime fixture isolates the environment.
+BUNDLES = os.environ.get("CUTE_AOT_BUNDLES", "bundles")
+
 pytestmark = pytest.mark.gpu
 
 # u: unit roundoff of fp32. bf16 x bf16 products are exact in fp32, so the only error is the fp32
@@ -23,7 +26,7 @@ def _bundles_loaded():
     from cute_aot.runtime import REGISTRY, load_bundles
 
     if not REGISTRY.bundles:
-        load_bundles(os.environ.get("CUTE_AOT_BUNDLES", "bundles"))
+        load_bundles(BUNDLES)
     return REGISTRY
 
 

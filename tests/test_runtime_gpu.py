@@ -4,6 +4,7 @@ Needs nvidia-cutlass-dsl on the GPU machine (the JIT path compiles there).
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,9 @@ torch = pytest.importorskip("torch")
 
 from cute_aot.kernels.router_gemm import dispatch  # noqa: E402
 from tests.test_router_gemm_gpu import _check, _inputs  # noqa: E402
+
+# Read at import, before the fresh_runtime fixture isolates the environment.
+BUNDLES = os.environ.get("CUTE_AOT_BUNDLES", "bundles")
 
 pytestmark = pytest.mark.gpu
 
@@ -98,7 +102,7 @@ def test_second_process_reuses_the_overlay_without_compiling(tmp_path):
 def test_torch_compile_of_a_module_using_the_op(fresh_runtime):
     from cute_aot.runtime import load_bundles, router_gemm
 
-    load_bundles(__import__("os").environ.get("CUTE_AOT_BUNDLES", "bundles"))
+    load_bundles(BUNDLES)
 
     class Gate(torch.nn.Module):
         def __init__(self):
@@ -121,7 +125,7 @@ def test_preload_model_resolves_every_router_shape(fresh_runtime):
     from cute_aot.runtime.device import current_gpu_arch
     from cute_aot.runtime.ops import family_op
 
-    load_bundles(__import__("os").environ.get("CUTE_AOT_BUNDLES", "bundles"))
+    load_bundles(BUNDLES)
     model = torch.nn.ModuleDict(
         {
             "mlp": torch.nn.ModuleDict(

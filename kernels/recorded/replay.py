@@ -132,7 +132,8 @@ def _dlpack_tensor(described: dict, example: dict):
     candidates = [marks] if marks else _likely_marks(len(example["shape"]))
     for candidate in candidates:
         marked = make()
-        for name, arguments in candidate:
+        for name, arguments in candidate:  # JSON made the tuples lists: the DSL takes tuples
+            arguments = {k: tuple(v) if isinstance(v, list) else v for k, v in arguments.items()}
             marked = getattr(marked, name)(**arguments)
         marked.load_dltensor()
         if marked._dltensor_wrapper.cache_key() == described["layout"]:

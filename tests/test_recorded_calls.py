@@ -1,0 +1,185 @@
+"""Any CuTe DSL kernel, no family: record `cute.compile` calls, replay them on a CPU
+(`aot-build --from-record`), serve them back at `cute.compile` (`intercept()`).
+
+The kernel is a user's plain `@cute.jit` function (tests/user_kernels/scale.py); calls are made
+the way a CPU can make them (tensors typed as CUDA tensors over no memory, sm_90a, TVM-FFI), so
+every step runs here for real: the recorder in one process, the build in its workers, the
+interceptor in another process, whose real compiles are counted.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env(tmp_path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
+    env.update(PYTHONPATH=str(REPO), CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"), **extra)
+    return env
+
+
+def _compile_calls(tmp_path, specs, **env) -> list[dict]:
+    """Run tests/user_kernels/compile_calls.py in a fresh process: one result per N:BLOCK."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.user_kernels.compile_calls", *specs],
+        env=_env(tmp_path, **env), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _aot_build(tmp_path, *args) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "cute_aot.aot.cli", *map(str, args), "--quiet"]
+    return subprocess.run(command, env=_env(tmp_path), capture_output=True, text=True, timeout=900)
+
+
+# -- the key, derived without tracing -------------------------------------------------------------
+def _key(n=1000, block=128, align=16, dtype="float32", factor=2.0):
+    import cutlass.cute as cute
+
+    from cute_aot.kernels.recorded.calls import describe_call
+    from tests.user_kernels.compile_calls import arguments
+    from tests.user_kernels.scale import scale
+
+    x, y, _, stream = arguments(n, align, dtype)
+    options = cute.compile[cute.GPUArch("sm_90a"), cute.EnableTVMFFI(True)]
+    return describe_call(options, scale, (x, y, factor, stream), {"block": block}).key()
+
+
+def test_the_key_ignores_runtime_values_and_keeps_compile_time_ones():
+    base = _key()
+    assert _key(n=77).id == base.id  # a dynamic size
+    assert _key(factor=0.5).id == base.id  # a dynamic scalar (annotated Float32)
+    assert _key(block=256).id != base.id  # a Constexpr
+    assert _key(align=8).id != base.id  # the tensor's assumed alignment is in its type
+    assert _key(dtype="bfloat16").id != base.id
+    call = base.call_data
+    assert call["target"] == {"function": "tests.user_kernels.scale:scale"}
+    assert call["options"] == {"EnableTVMFFI": True}  # GPUArch is the bundle's, not the key's
+    assert [name for name, _ in call["args"]] == ["x", "y", "factor", "stream", "block"]
+    assert call["args"][0][1] == {"dlpack": {"align": 16, "dtype": "Float32", "layout":
+                                  "gmem o (?):(1)", "stride32": False, "tvm_ffi": False}}  # fmt: skip
+    assert base.replay_data["examples"][0]["shape"] == [1000]
+
+
+def test_a_closure_cannot_be_replayed_and_says_why():
+    import cutlass.cute as cute
+
+    from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
+
+    @cute.jit
+    def local(x: cute.Tensor):
+        pass
+
+    with pytest.raises(NotRecreatable, match="defined inside a function"):
+        describe_call(cute.compile, local, (None,), {})
+
+
+def test_several_processes_record_each_distinct_call_once(tmp_path):
+    """Six processes append the same five calls, in different orders, at once."""
+    record = tmp_path / "calls.jsonl"
+    child = (
+        "import random, sys\n"
+        "from cute_aot.runtime.record import Recorder\n"
+        "from tests.test_recorded_calls import _call\n"
+        "calls = [_call(block) for block in (32, 64, 128, 256, 512)]\n"
+        "random.Random(int(sys.argv[1])).shuffle(calls)\n"
+        "recorder = Recorder(sys.argv[2])\n"
+        "for call in calls * 3:\n"
+        "    recorder.add(call, None, {}, None, 'site.py:1')\n"
+    )  # fmt: skip
+    processes = [
+        subprocess.Popen([sys.executable, "-c", child, str(seed), str(record)], env=_env(tmp_path))
+        for seed in range(6)
+    ]
+    assert [p.wait(timeout=300) for p in processes] == [0] * 6
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(lines) == 5
+    assert len({line["key_id"] for line in lines}) == 5
+    assert all(line["recreatable"] and line["family"] == "cute_compile" for line in lines)
+
+
+def _call(block: int):
+    import cutlass.cute as cute
+
+    from cute_aot.kernels.recorded.calls import describe_call
+    from tests.user_kernels.compile_calls import arguments
+    from tests.user_kernels.scale import scale
+
+    options = cute.compile[cute.GPUArch("sm_90a"), cute.EnableTVMFFI(True)]
+    return describe_call(options, scale, arguments(1000), {"block": block})
+
+
+# -- record -> build -> intercept, for real ------------------------------------------------------
+@pytest.fixture(scope="module")
+def recorded_bundle(tmp_path_factory):
+    """Calls recorded in one process, replayed by aot-build on this CPU into a bundle."""
+    tmp_path = tmp_path_factory.mktemp("recorded")
+    record = tmp_path / "calls.jsonl"
+    results = _compile_calls(tmp_path, ["1000:128", "4096:256", "77:128"], CUTE_AOT_RECORD=str(record))
+    assert [r["type"] for r in results] == ["TVMFFIJitCompiledFunctionWithKwargs"] * 3
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(lines) == 2  # 77:128 is 1000:128 again: the size is dynamic
+    built = _aot_build(tmp_path, "--from-record", record, "--arch", "sm90a", "--out",
+                       tmp_path / "bundles", "--name", "recorded")  # fmt: skip
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return tmp_path, record, tmp_path / "bundles"
+
+
+@pytest.mark.slow
+def test_mode_aot_serves_recorded_calls_without_compiling(recorded_bundle, tmp_path):
+    _, _, bundles = recorded_bundle
+    served, missed = _compile_calls(tmp_path, ["5:128", "1000:64"], CUTE_AOT_BUNDLES=str(bundles),
+                                    CUTE_AOT_INTERCEPT="1", CUTE_AOT_MODE="aot")  # fmt: skip
+    assert served["type"] == "function" and served["compiles"] == 0  # the bundle's TVM-FFI function
+    assert served["counters"]["cute_compile"]["hits"] == 1
+    assert missed["error"] == "KernelNotFoundError" and missed["compiles"] == 0
+    assert "cute_compile" in missed["message"] and "mode aot" in missed["message"]
+
+
+@pytest.mark.slow
+def test_mode_auto_compiles_a_miss_and_the_next_build_covers_it(recorded_bundle, tmp_path):
+    _, _, bundles = recorded_bundle
+    log = tmp_path / "misses.jsonl"
+    hit, miss = _compile_calls(tmp_path, ["9:256", "9:64"], CUTE_AOT_BUNDLES=str(bundles),
+                               CUTE_AOT_INTERCEPT="1", CUTE_AOT_MISS_LOG=str(log))  # fmt: skip
+    assert hit["type"] == "function" and hit["compiles"] == 0
+    assert miss["type"] == "TVMFFIJitCompiledFunctionWithKwargs" and miss["compiles"] == 1
+    [logged] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert logged["family"] == "cute_compile" and '"value":64' in logged["key"]["call"]
+    built = _aot_build(tmp_path, "--from-misses", log, "--out", tmp_path / "next")
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    [again] = _compile_calls(tmp_path, ["9:64"], CUTE_AOT_BUNDLES=str(tmp_path / "next"),
+                             CUTE_AOT_INTERCEPT="1", CUTE_AOT_MODE="aot")  # fmt: skip
+    assert again["type"] == "function" and again["compiles"] == 0
+
+
+@pytest.mark.slow
+def test_mode_jit_never_looks_at_bundles(recorded_bundle, tmp_path):
+    _, _, bundles = recorded_bundle
+    [bypassed] = _compile_calls(tmp_path, ["5:128"], CUTE_AOT_BUNDLES=str(bundles),
+                                CUTE_AOT_INTERCEPT="1", CUTE_AOT_MODE="jit")  # fmt: skip
+    assert bypassed["type"] == "TVMFFIJitCompiledFunctionWithKwargs" and bypassed["compiles"] == 1
+
+
+@pytest.mark.slow
+def test_the_build_lists_what_it_could_not_replay_and_fails(recorded_bundle, tmp_path):
+    _, record, _ = recorded_bundle
+    mixed = tmp_path / "mixed.jsonl"
+    unreplayable = {"format": 1, "family": "cute_compile", "recreatable": False,
+                    "site": "server.py:42", "target": "?", "reason": "a closure"}  # fmt: skip
+    mixed.write_text(record.read_text() + json.dumps(unreplayable) + "\n")
+    built = _aot_build(tmp_path, "--from-record", mixed, "--arch", "sm90a", "--out", tmp_path / "b")
+    assert built.returncode == 1
+    said = built.stdout + built.stderr
+    assert "server.py:42" in said and "a closure" in said, said
+    assert "1 recorded call(s)" in said
+    assert (tmp_path / "b" / "default-sm_90a.cuteaot").is_file()  # what could be built, was

@@ -1,0 +1,53 @@
+"""cute.compile calls of the user kernel as a CPU can make them: tensors typed as CUDA tensors
+(a DLPack capsule over no memory), compiled for sm_90a with TVM-FFI.
+
+    python -m tests.user_kernels.compile_calls N:BLOCK ...   # prints one JSON line per call
+"""
+
+import json
+import sys
+
+import cutlass.cute as cute
+from cutlass.cute.runtime import from_dlpack, make_fake_stream
+
+from cute_aot.kernels.recorded.replay import MetadataTensor
+from tests.user_kernels.scale import scale
+
+
+def arguments(n: int, align: int = 16, dtype: str = "float32"):
+    def tensor():
+        return from_dlpack(MetadataTensor((n,), (1,), dtype), assumed_align=align).mark_layout_dynamic()
+
+    return tensor(), tensor(), 2.0, make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
+def compile_scale(n: int, block: int):
+    return cute.compile[cute.GPUArch("sm_90a"), cute.EnableTVMFFI(True)](
+        scale, *arguments(n), block=block
+    )
+
+
+def main(specs: list[str]) -> None:
+    from cute_aot.runtime import compile_hook, counters
+
+    compile_hook.install_hook()
+    executed = [0]
+    real = compile_hook._original
+
+    def counted(*args, **kwargs):
+        executed[0] += 1
+        return real(*args, **kwargs)
+
+    compile_hook._original = counted
+    for spec in specs:
+        n, block = map(int, spec.split(":"))
+        try:
+            compiled = compile_scale(n, block)
+            outcome = {"type": type(compiled).__name__}
+        except Exception as exc:
+            outcome = {"error": type(exc).__name__, "message": str(exc)}
+        print(json.dumps({"spec": spec, **outcome, "compiles": executed[0], "counters": counters()}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
