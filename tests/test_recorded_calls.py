@@ -124,7 +124,9 @@ def recorded_bundle(tmp_path_factory):
     """Calls recorded in one process, replayed by aot-build on this CPU into a bundle."""
     tmp_path = tmp_path_factory.mktemp("recorded")
     record = tmp_path / "calls.jsonl"
-    results = _compile_calls(tmp_path, ["1000:128", "4096:256", "77:128"], CUTE_AOT_RECORD=str(record))
+    results = _compile_calls(
+        tmp_path, ["1000:128", "4096:256", "77:128"], CUTE_AOT_RECORD=str(record)
+    )
     assert [r["type"] for r in results] == ["TVMFFIJitCompiledFunctionWithKwargs"] * 3
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(lines) == 2  # 77:128 is 1000:128 again: the size is dynamic

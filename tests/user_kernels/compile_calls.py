@@ -16,7 +16,9 @@ from tests.user_kernels.scale import scale
 
 def arguments(n: int, align: int = 16, dtype: str = "float32"):
     def tensor():
-        return from_dlpack(MetadataTensor((n,), (1,), dtype), assumed_align=align).mark_layout_dynamic()
+        return from_dlpack(
+            MetadataTensor((n,), (1,), dtype), assumed_align=align
+        ).mark_layout_dynamic()
 
     return tensor(), tensor(), 2.0, make_fake_stream(use_tvm_ffi_env_stream=True)
 
@@ -46,7 +48,9 @@ def main(specs: list[str]) -> None:
             outcome = {"type": type(compiled).__name__}
         except Exception as exc:
             outcome = {"error": type(exc).__name__, "message": str(exc)}
-        print(json.dumps({"spec": spec, **outcome, "compiles": executed[0], "counters": counters()}))
+        print(
+            json.dumps({"spec": spec, **outcome, "compiles": executed[0], "counters": counters()})
+        )
 
 
 if __name__ == "__main__":
