@@ -31,6 +31,27 @@ pytestmark = [
     ),
 ]
 
+
+def _bundles_hold_gdn_keys() -> bool:
+    """Whether a bundle named in CUTE_AOT_BUNDLES holds flashinfer_gdn_decode kernels."""
+    from cute_aot.artifacts.bundle import read_manifest
+    from cute_aot.runtime.paths import expand_bundle_paths
+
+    sources = [Path(s) for s in os.environ.get("CUTE_AOT_BUNDLES", "").split(os.pathsep) if s]
+    for path in expand_bundle_paths([s for s in sources if s.exists()]):
+        if "flashinfer_gdn_decode" in read_manifest(path).families:
+            return True
+    return False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gdn_bundle():
+    if not _bundles_hold_gdn_keys():
+        pytest.skip(
+            f"no flashinfer_gdn_decode kernels in CUTE_AOT_BUNDLES "
+            f"({os.environ.get('CUTE_AOT_BUNDLES')}): aot-build --families flashinfer_gdn_decode"
+        )
+
 WORKER = Path(__file__).with_name("flashinfer_gdn_worker.py")
 
 
