@@ -20,30 +20,24 @@ import sys
 import threading
 
 from cute_aot.artifacts.errors import KernelNotFoundError
-from cute_aot.kernels import Patch
 from cute_aot.kernels.recorded import FAMILY
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
-__all__ = ["intercept", "serving_patch", "uninstall"]
+__all__ = ["install_hook", "intercept", "uninstall"]
 
-_serving = None  # the recorded family's Serving while intercepting (set by its Patch)
 _recorders: list = []  # runtime/record.Recorder objects, innermost last
 _lock = threading.Lock()
 _original = None  # CompileCallable._compile as cutlass-dsl defines it
 _local = threading.local()  # compiles in progress on this thread (a probe inside a compile)
 
 
-def serving_patch(serving) -> Patch:
-    """The recorded family's patch (serving.install applies and undoes it)."""
-    install_hook()
-    return Patch(owner=sys.modules[__name__], attribute="_serving", replace=lambda _: serving)
-
-
 def intercept() -> str:
-    """Serve recorded kernels at `cute.compile` from the loaded bundles; 'installed' or why not."""
+    """Serve recorded kernels at `cute.compile` from the loaded bundles; 'installed' or why not.
+    While the recorded family is installed (runtime/serving.py), the hook asks its Serving."""
     from cute_aot.runtime import serving
 
+    install_hook()
     return serving.install([FAMILY])[FAMILY]
 
 
@@ -91,8 +85,9 @@ def _logging_mark(name: str, method):
 
 def _compile(self, func, *args, **kwargs):
     from cute_aot.kernels.recorded import hardware
+    from cute_aot.runtime.serving import installed
 
-    serving, recorders = _serving, list(_recorders)
+    serving, recorders = installed(FAMILY), list(_recorders)
     nested = getattr(_local, "depth", 0) > 0
     if nested or (serving is None and not recorders) or hardware.is_probe(func):
         return _original(self, func, *args, **kwargs)

@@ -52,6 +52,7 @@ def _gdn_bundle():
             f"({os.environ.get('CUTE_AOT_BUNDLES')}): aot-build --families flashinfer_gdn_decode"
         )
 
+
 WORKER = Path(__file__).with_name("flashinfer_gdn_worker.py")
 
 

@@ -39,6 +39,9 @@ class RecordedCallKey(KernelKey):
     """One recorded `cute.compile` call. Its id covers `call` only (see the module docstring)."""
 
     FAMILY = FAMILY
+    # Out of the id: a bundle holds one build per call; the build cache, which keys on every
+    # field, never mixes builds made with other hardware answers.
+    REPLAY_ONLY = ("replay",)
 
     call: str  # canonical JSON: target, source hash, argument types, options
     replay: str = "{}"  # canonical JSON: {"examples": [...], "hardware": {query: value}}
@@ -85,9 +88,9 @@ class RecordedCalls(KernelFamily):
     serves = "cutlass.cute.compile"
 
     def patches(self, serving) -> list[Patch]:
-        from cute_aot.runtime import compile_hook
-
-        return [compile_hook.serving_patch(serving)]
+        """Nothing of another library to replace: the runtime's one hook on `cute.compile`
+        (cute_aot.runtime.intercept()) asks this family's Serving while it is installed."""
+        return []
 
     def describe_problem(self, problem) -> dict:
         return dict(problem) if isinstance(problem, dict) else {}
