@@ -185,3 +185,39 @@ def test_the_build_lists_what_it_could_not_replay_and_fails(recorded_bundle, tmp
     assert "server.py:42" in said and "a closure" in said, said
     assert "1 recorded call(s)" in said
     assert (tmp_path / "b" / "default-sm_90a.cuteaot").is_file()  # what could be built, was
+
+
+@pytest.mark.slow
+def test_hardware_answers_are_pinned_for_the_architecture_that_gave_them(tmp_path):
+    """A trace that asks the GPU for its SM count replays on a CPU with the recorded answer, for
+    the recorded architecture only; without the answer the build says which query is missing."""
+    import cutlass.cute as cute
+
+    from cute_aot.kernels.recorded.calls import describe_call
+    from tests.user_kernels.compile_calls import arguments
+    from tests.user_kernels.scale import scale_on_every_sm
+
+    options = cute.compile[cute.GPUArch("sm_90a"), cute.EnableTVMFFI(True)]
+    call = describe_call(options, scale_on_every_sm, arguments(1000), {})
+    answered = call.key({"HardwareInfo.get_device_multiprocessor_count()": 132})
+    record = tmp_path / "calls.jsonl"
+    line = {"format": 1, "family": "cute_compile", "recreatable": True, "arch": "sm_90a",
+            "site": "server.py:7", "target": call.target, "key_id": answered.id,
+            "key": answered.fields()}  # fmt: skip
+    record.write_text(json.dumps(line) + "\n")
+    built = _aot_build(tmp_path, "--from-record", record, "--arch", "sm90a", "--arch", "sm100a",
+                       "--out", tmp_path / "b")  # fmt: skip
+    said = built.stdout + built.stderr
+    assert built.returncode == 1, said  # sm_100a left out
+    assert "replayable there only" in said and "sm_100a" in said
+    assert (tmp_path / "b" / "default-sm_90a.cuteaot").is_file()
+    assert not (tmp_path / "b" / "default-sm_100a.cuteaot").exists()
+
+    unanswered = {**line, "key": call.key().fields(), "key_id": call.key().id}
+    record.write_text(json.dumps(unanswered) + "\n")
+    built = _aot_build(
+        tmp_path, "--from-record", record, "--arch", "sm90a", "--out", tmp_path / "c"
+    )
+    said = built.stdout + built.stderr
+    assert built.returncode == 1
+    assert "HardwareInfo.get_device_multiprocessor_count()" in said, said

@@ -22,3 +22,16 @@ def scale(x: cute.Tensor, y: cute.Tensor, factor: cutlass.Float32, stream: cuda.
     _scale_kernel(x, y, factor, n, block).launch(
         grid=[(n + block - 1) // block, 1, 1], block=[block, 1, 1], stream=stream
     )
+
+
+@cute.jit
+def scale_on_every_sm(
+    x: cute.Tensor, y: cute.Tensor, factor: cutlass.Float32, stream: cuda.CUstream
+):
+    """The same kernel, one CTA per SM: its trace asks the GPU how many SMs it has (a hardware
+    query a replay on a CPU must answer from the record)."""
+    sm_count = cutlass.utils.HardwareInfo().get_device_multiprocessor_count()
+    n = cute.size(x, mode=[0])
+    _scale_kernel(x, y, factor, n, 128).launch(
+        grid=[sm_count, 1, 1], block=[128, 1, 1], stream=stream
+    )
