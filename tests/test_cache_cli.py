@@ -120,6 +120,17 @@ def test_ls_lists_bundles_with_their_facts(bundles):
     assert "sm_90a" in table and "router_gemm v1" in table and "tvm-ffi" in table
 
 
+def test_ls_creates_no_overlay_key(bundles, tmp_path, monkeypatch):
+    """Listing reads; with an empty overlay it fingerprints nothing, so the overlay's signing
+    key (made on first use by a JIT publish) is not created as a side effect of `ls`."""
+    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
+    folder, _ = bundles
+    listing = run_json("ls", folder)
+    assert listing["overlay"] == [] and len(listing["bundles"]) == 2
+    assert not overlay.signing_key_path().exists()
+    assert not (tmp_path / "cache").exists()
+
+
 def test_ls_reads_cute_aot_bundles_and_shows_the_overlay(bundles, monkeypatch):
     folder, by_arch = bundles
     monkeypatch.setenv("CUTE_AOT_BUNDLES", str(by_arch["sm_90a"]))

@@ -128,10 +128,13 @@ def overlay_files() -> list[Path]:
 
 
 def overlay_summary() -> list[dict]:
-    """One row per <fingerprint>/<arch> folder: family (if this installation uses it), keys, bytes."""
-    current = current_fingerprints()
+    """One row per <fingerprint>/<arch> folder: family (if this installation uses it), keys, bytes.
+    With no overlay entries nothing is fingerprinted: listing must not create the overlay's
+    signing key as a side effect."""
+    files = overlay_files()
+    current = current_fingerprints() if files else {}
     groups: dict[Path, dict] = {}
-    for path in overlay_files():
+    for path in files:
         try:
             info = path.stat()
         except FileNotFoundError:  # removed by a concurrent gc
