@@ -10,24 +10,13 @@ import json
 import statistics
 import subprocess
 import sys
+import textwrap
 
 import click
+from startup import CHILD_PRELUDE
 
-CHILD = r"""
-import json, sys, time
-import torch
-torch.zeros(1, device="cuda"); torch.cuda.synchronize()
-from cute_aot.kernels import family
-found = family("router_gemm")
-major, minor = torch.cuda.get_device_capability()
-arch = f"sm_{major}{minor}a"
-first = {}
-for shape in found.default_shapes:
-    for problem in found.problems(shape):
-        first.setdefault(found.dispatch(problem, arch).key, problem)
-work = [[None if s is None else torch.randn(s, device="cuda").to(getattr(torch, a.dtype))
-         for a, s in zip(found.inputs, found.input_shapes(p))] for p in first.values()]
-torch.cuda.synchronize()
+# The same default problems and inputs as benchmarks/startup.py (`work`: [(key, problem, inputs)]).
+CHILD = textwrap.dedent(CHILD_PRELUDE) + textwrap.dedent(r"""
 t = [time.perf_counter()]
 import cute_aot.runtime.registry
 t.append(time.perf_counter())
@@ -37,16 +26,16 @@ from cute_aot.runtime import load_bundles, op
 load_bundles(sys.argv[1])
 t.append(time.perf_counter())
 call = op("router_gemm")
-call(*work[0]); torch.cuda.synchronize()
+call(*work[0][2]); torch.cuda.synchronize()
 t.append(time.perf_counter())
-for inputs in work[1:]:
+for _, _, inputs in work[1:]:
     call(*inputs)
 torch.cuda.synchronize()
 t.append(time.perf_counter())
 names = ["import_registry", "import_tvm_ffi", "load_bundles", "first_call", "other_first_calls"]
 phases = {name: (b - a) * 1e3 for name, a, b in zip(names, t, t[1:])}
 print(json.dumps({**phases, "total": (t[-1] - t[0]) * 1e3, "keys": len(work)}))
-"""
+""")
 
 
 @click.command()
@@ -56,7 +45,7 @@ def main(bundles, trials):
     rows = []
     for _ in range(trials):
         done = subprocess.run(
-            [sys.executable, "-c", CHILD, bundles], capture_output=True, text=True
+            [sys.executable, "-c", CHILD, bundles, "router_gemm"], capture_output=True, text=True
         )
         if done.returncode != 0:
             raise click.ClickException(done.stderr[-3000:])

@@ -33,14 +33,6 @@ def main(specs: list[str]) -> None:
     from cute_aot.runtime import compile_hook, counters
 
     compile_hook.install_hook()
-    executed = [0]
-    real = compile_hook._original
-
-    def counted(*args, **kwargs):
-        executed[0] += 1
-        return real(*args, **kwargs)
-
-    compile_hook._original = counted
     for spec in specs:
         n, block = map(int, spec.split(":"))
         try:
@@ -49,7 +41,14 @@ def main(specs: list[str]) -> None:
         except Exception as exc:
             outcome = {"error": type(exc).__name__, "message": str(exc)}
         print(
-            json.dumps({"spec": spec, **outcome, "compiles": executed[0], "counters": counters()})
+            json.dumps(
+                {
+                    "spec": spec,
+                    **outcome,
+                    "compiles": compile_hook.executed(),
+                    "counters": counters(),
+                }
+            )
         )
 
 
