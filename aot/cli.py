@@ -215,7 +215,8 @@ def plan_from_misses(
 
 
 def plan_from_record(path, archs, console: Console) -> tuple[dict[str, list], list[tuple]]:
-    """({arch: keys}, [(call site, target, arch, why not)]) of a record file (runtime/record.py):
+    """({arch: keys}, [(call site, target, arch, why not)]) of a record file (runtime/record.py),
+    keys in record order (keys_by_arch orders them):
     each replayable call for every architecture asked (default: the one it was recorded on).
     A call recorded with hardware answers is replayed only for the architecture that gave them."""
     from cute_aot.kernels.recorded import RecordedCallKey, read_records
@@ -248,9 +249,7 @@ def plan_from_record(path, archs, console: Console) -> tuple[dict[str, list], li
         console.print(table)
     if not plan:
         raise CuteAotError(f"{path}: no recorded call to build")
-    return {
-        arch: sorted(keys.values(), key=lambda k: k.symbol) for arch, keys in plan.items()
-    }, left_out
+    return {arch: list(keys.values()) for arch, keys in plan.items()}, left_out
 
 
 # -- options shared by every command that writes bundles (add new ones here: build and merge

@@ -16,6 +16,7 @@ next build), raises in mode aot, and mode jit never looks.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -113,7 +114,9 @@ def _compile(self, func, *args, **kwargs):
     queried: dict = {}
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        with _logging_hardware(queried, bool(recorders)):
+        with contextlib.ExitStack() as stack:
+            if recorders:
+                _log_hardware(stack, queried)
             compiled = _run_original(self, func, args, kwargs)
     finally:
         _local.depth -= 1
@@ -122,19 +125,15 @@ def _compile(self, func, *args, **kwargs):
     return compiled
 
 
-def _logging_hardware(into: dict, wanted: bool):
-    """hardware.logged(into) when recording and possible; else nothing (the compile goes on)."""
-    import contextlib
-
+def _log_hardware(stack: contextlib.ExitStack, into: dict) -> None:
+    """Log the compile's hardware queries into `into` where that can be set up (entered here,
+    so that a failure to patch is caught); else record without them: the compile goes on."""
     from cute_aot.kernels.recorded import hardware
 
-    if not wanted:
-        return contextlib.nullcontext()
     try:
-        return hardware.logged(into)
-    except Exception as exc:  # e.g. a cutlass-dsl without HardwareInfo: record without it
+        stack.enter_context(hardware.logged(into))
+    except Exception as exc:  # e.g. a cutlass-dsl without HardwareInfo
         warn_once(("hardware-log", type(exc).__name__), f"hardware queries not logged: {exc}")
-        return contextlib.nullcontext()
 
 
 def _describe(compile_callable, func, args, kwargs):

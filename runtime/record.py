@@ -18,12 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
 from filelock import FileLock
 
+from cute_aot.artifacts import settings
 from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT
 from cute_aot.kernels.recorded.calls import signature_mismatch
 from cute_aot.runtime import compile_hook
@@ -52,24 +52,22 @@ class Recorder:
         from cute_aot.runtime.device import current_gpu_arch
 
         common = {"format": RECORD_FORMAT, "family": FAMILY, "site": site, "host":
-                  socket.gethostname(), "pid": os.getpid(), "time": time.strftime(
+                  settings.host_name(), "pid": os.getpid(), "time": time.strftime(
                       "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
         if call is None:
-            return {**common, "recreatable": False, "reason": why}, f"site:{site}:{why}"
+            record = {**common, "recreatable": False, "reason": why}
+            return record, _subject(record)
         from cute_aot.kernels.recorded.hardware import live_device
 
-        key = call.key(queried)
-        if queried:  # the answers hold for this GPU model: say which it was
-            replay = {**key.replay_data, "device": live_device()}
-            key = type(key)(call=key.call, replay=json.dumps(replay, sort_keys=True,
-                                                             separators=(",", ":")))  # fmt: skip
+        # The answers hold for this GPU model: a trace that asked any says which it was.
+        key = call.key(queried, live_device() if queried else None)
         record = {**common, "recreatable": True, "key_id": key.id, "key": key.fields(),
                   "arch": call.arch or current_gpu_arch(), "target": call.target,
                   "tvm_ffi": call.tvm_ffi}  # fmt: skip
         mismatch = _signature_mismatch(call, compiled)
         if mismatch:
             record.update(servable=False, reason=mismatch)
-        return record, key.id
+        return record, _subject(record)
 
     def _append(self, record: dict, subject: str) -> None:
         if subject in self._written:
@@ -101,12 +99,15 @@ class Recorder:
                         done = json.loads(line)
                     except ValueError:
                         continue
-                    if done.get("key_id"):
-                        self._written.add(done["key_id"])
-                    elif done.get("site"):
-                        self._written.add(f"site:{done['site']}:{done.get('reason')}")
+                    if isinstance(done, dict):
+                        self._written.add(_subject(done))
         except FileNotFoundError:
             pass
+
+
+def _subject(record: dict) -> str:
+    """What makes a record distinct: its key id, or for an unreplayable call its site and why."""
+    return record.get("key_id") or f"site:{record.get('site')}:{record.get('reason')}"
 
 
 def _signature_mismatch(call, compiled) -> str | None:
@@ -132,8 +133,6 @@ def recording(path: str | os.PathLike):
 
 def record_from_env() -> Recorder | None:
     """CUTE_AOT_RECORD: record this whole process (called when cute_aot.runtime is imported)."""
-    from cute_aot.artifacts import settings
-
     path = settings.record_file()
     if path is None:
         return None

@@ -289,12 +289,8 @@ class Registry:
     def entry_key(self, family: str, key_id: str, arch: str) -> dict | None:
         """The key fields a loaded bundle's entry was built with (None: no bundle holds it)."""
         bundle = self._index.get((arch, family, key_id))
-        if bundle is None:
-            return None
-        for entry in bundle.manifest.entries:
-            if entry.family == family and entry.key_id == key_id:
-                return entry.key
-        return None
+        entry = bundle.entries.get(key_id) if bundle is not None else None
+        return entry.key if entry is not None else None
 
     def overlay_function(self, key, arch: str) -> Callable | None:
         """The overlay's function of `key`, None when it holds none. OSError: the overlay

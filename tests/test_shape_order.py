@@ -17,6 +17,7 @@ from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.contract import parse_ints
 from cute_aot.kernels.tables import packaged_tables
 from cute_aot.runtime.aot_cache.cli import main as aot_cache
+from tests.test_cli import planned
 
 GEMMS = ["router_gemm", "gemm_sm90", "gemm_sm90_fp8", "flashinfer_mxfp8_gemm",
          "flashinfer_tgv_gemm"]  # fmt: skip
@@ -40,20 +41,6 @@ def gemm(name: str) -> KernelFamily:
 
 def flat(text: str) -> str:
     return " ".join(text.split())
-
-
-def planned(monkeypatch, *args: str) -> dict[str, list]:
-    """The {arch: keys} `aot-build ARGS` would compile (stopped before compiling)."""
-    seen: dict[str, list] = {}
-
-    def record(plan, out_dir, **kwargs):
-        seen.update(plan)
-        raise CuteAotError("stop before compiling")
-
-    monkeypatch.setattr("cute_aot.aot.cli.run_build", record)
-    result = CliRunner().invoke(aot_build, [*args, "--no-cache", "--quiet"])
-    assert result.exit_code == 1 and "stop before compiling" in result.output, result.output
-    return seen
 
 
 # -- the families ---------------------------------------------------------------------------------
@@ -140,13 +127,13 @@ def test_aot_build_plans_the_same_keys_for_every_spelling(monkeypatch, name):
     arch = found.archs[0]
     want = set(found.enumerate_keys(arch, [(N, K)]))
     for text in WEIGHT_SPELLINGS:
-        plan = planned(monkeypatch, "--families", name, "--no-default-shapes",
+        plan, _ = planned(monkeypatch, "--families", name, "--no-default-shapes",
                        "--shape", f"{name}:{text}", "--arch", arch)  # fmt: skip
         assert want and set(plan[arch]) == want, text
 
 
 def test_aot_build_reads_a_plain_shape_as_the_routers_n_k(monkeypatch):
-    plan = planned(monkeypatch, "--no-default-shapes", "--shape", f"{N},{K}", "--arch", "sm_90a")
+    plan, _ = planned(monkeypatch, "--no-default-shapes", "--shape", f"{N},{K}", "--arch", "sm_90a")
     dot = [key for key in plan["sm_90a"] if key.backend == "dot"]
     assert dot and {key.k for key in dot} == {K}  # K compiled into every dot-product kernel
 

@@ -27,8 +27,8 @@ import inspect
 import os
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 
+from cute_aot.artifacts.bundle import sha256_file
 from cute_aot.kernels.recorded import RecordedCallKey, canonical
 
 # Options that say where files go, or which architecture: never part of the identity.
@@ -53,8 +53,11 @@ class Call:
     signature: dict  # kwargs wrapper spec of the compiled function: names and defaults
     arch: str | None = None  # the architecture the options name, if they do
 
-    def key(self, hardware: dict | None = None) -> RecordedCallKey:
+    def key(self, hardware: dict | None = None, device: dict | None = None) -> RecordedCallKey:
+        """The key, with the hardware answers its trace got and the GPU that gave them."""
         replay = {"examples": self.examples, "hardware": hardware or {}}
+        if device is not None:
+            replay["device"] = device
         return RecordedCallKey(call=canonical(self.identity), replay=canonical(replay))
 
     @property
@@ -143,7 +146,8 @@ def _source_file(obj) -> str | None:
 
 @functools.cache
 def _hash_file(path: str, mtime_ns: int, size: int) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """A source file's sha256, once per version of the file (its mtime and size)."""
+    return sha256_file(path)[0]
 
 
 def _hash_files(paths: tuple[str, ...]) -> str:

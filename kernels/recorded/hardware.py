@@ -9,7 +9,7 @@ Values are named `HardwareInfo.<method>(<args>)` and `get_device_attribute(<attr
 
 A server does not re-run the queries (one of them compiles a probe kernel): a recorded kernel
 whose trace asked any carries the recording GPU's name and SM count, and serves only where the
-live GPU has the same (see `same_device`).
+live GPU has the same (`live_device`; runtime/compile_hook.py compares them).
 """
 
 from __future__ import annotations
@@ -34,55 +34,61 @@ def _attribute_number(attribute) -> int:
 
 
 @contextlib.contextmanager
-def logged(into: dict):
-    """Run a real compile with every hardware query's result written into `into`."""
+def _answering(method, attribute, init=None):
+    """While inside: HardwareInfo's query methods are `method(name, original)` of each, its
+    constructor `init` (when given), and get_device_attribute is `attribute(original)`; the
+    originals are put back afterwards, whatever happened."""
     from cutlass.base_dsl.runtime import cuda as cuda_helpers
     from cutlass.utils import hardware_info
 
     info = hardware_info.HardwareInfo
-    originals = {name: getattr(info, name) for name in HARDWARE_INFO_METHODS}
+    replaced = ("__init__", *HARDWARE_INFO_METHODS) if init else HARDWARE_INFO_METHODS
+    saved = {name: info.__dict__[name] for name in replaced}
     original_attribute = cuda_helpers.get_device_attribute
+    with _lock:
+        if init:
+            info.__init__ = init
+        for name in HARDWARE_INFO_METHODS:
+            setattr(info, name, method(name, saved[name]))
+        cuda_helpers.get_device_attribute = attribute(original_attribute)
+    try:
+        yield
+    finally:
+        with _lock:
+            for name, original in saved.items():
+                setattr(info, name, original)
+            cuda_helpers.get_device_attribute = original_attribute
 
-    def wrap(name, method):
+
+def logged(into: dict):
+    """Run a real compile with every hardware query's result written into `into`."""
+
+    def method(name, original):
         def logged_method(self, *args, **kwargs):
-            value = method(self, *args, **kwargs)
+            value = original(self, *args, **kwargs)
             into[query_name(f"HardwareInfo.{name}", args)] = int(value)
             return value
 
         return logged_method
 
-    def attribute(attr, *args, **kwargs):
-        value = original_attribute(attr, *args, **kwargs)
-        into[query_name("get_device_attribute", (_attribute_number(attr),))] = int(value)
-        return value
+    def attribute(original):
+        def logged_attribute(attr, *args, **kwargs):
+            value = original(attr, *args, **kwargs)
+            into[query_name("get_device_attribute", (_attribute_number(attr),))] = int(value)
+            return value
 
-    with _lock:
-        for name, method in originals.items():
-            setattr(info, name, wrap(name, method))
-        cuda_helpers.get_device_attribute = attribute
-    try:
-        yield into
-    finally:
-        with _lock:
-            for name, method in originals.items():
-                setattr(info, name, method)
-            cuda_helpers.get_device_attribute = original_attribute
+        return logged_attribute
+
+    return _answering(method, attribute)
 
 
 class MissingHardwareValue(RuntimeError):
     pass
 
 
-@contextlib.contextmanager
 def pinned(values: dict):
     """Replay a trace on a machine with no GPU: every query answers its recorded value; one
     the record does not hold raises MissingHardwareValue naming it."""
-    from cutlass.base_dsl.runtime import cuda as cuda_helpers
-    from cutlass.utils import hardware_info
-
-    info = hardware_info.HardwareInfo
-    saved = {name: info.__dict__[name] for name in ("__init__", *HARDWARE_INFO_METHODS)}
-    original_attribute = cuda_helpers.get_device_attribute
 
     def answer(name: str):
         if name not in values:
@@ -92,26 +98,18 @@ def pinned(values: dict):
             )
         return values[name]
 
-    def pinned_init(self, device_id: int = 0, *args, **kwargs):
+    def init(self, device_id: int = 0, *args, **kwargs):  # no driver to ask
         self.device_id = device_id
 
-    def pinned_method(name):
+    def method(name, original):
         return lambda self, *args, **kwargs: answer(query_name(f"HardwareInfo.{name}", args))
 
-    with _lock:
-        info.__init__ = pinned_init
-        for name in HARDWARE_INFO_METHODS:
-            setattr(info, name, pinned_method(name))
-        cuda_helpers.get_device_attribute = lambda attr, *args, **kwargs: answer(
+    def attribute(original):
+        return lambda attr, *args, **kwargs: answer(
             query_name("get_device_attribute", (_attribute_number(attr),))
         )
-    try:
-        yield
-    finally:
-        with _lock:
-            for name, method in saved.items():
-                setattr(info, name, method)
-            cuda_helpers.get_device_attribute = original_attribute
+
+    return _answering(method, attribute, init)
 
 
 def is_probe(func) -> bool:

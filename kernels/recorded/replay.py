@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import inspect
 import re
 
 import cutlass
@@ -20,6 +21,7 @@ from cutlass.base_dsl import compiler
 from cutlass.cute import runtime as cute_runtime
 
 from cute_aot.kernels.recorded import RecordedCallKey
+from cute_aot.kernels.recorded.calls import resolve_target
 from cute_aot.kernels.recorded.hardware import pinned
 
 
@@ -51,15 +53,12 @@ def import_target(name: str):
 
 
 def _parameters(function) -> dict[str, str]:
-    import inspect
-
-    undecorated = function
-    while hasattr(undecorated, "__wrapped__"):
-        undecorated = undecorated.__wrapped__
-    kinds = {}
-    for name, parameter in inspect.signature(undecorated).parameters.items():
-        kinds[name] = "keyword" if parameter.kind is parameter.KEYWORD_ONLY else "positional"
-    return kinds
+    """name -> "keyword" (keyword-only) or "positional", of the function the DSL traces."""
+    target, _ = resolve_target(function, ())
+    return {
+        name: "keyword" if parameter.kind is parameter.KEYWORD_ONLY else "positional"
+        for name, parameter in inspect.signature(target).parameters.items()
+    }
 
 
 def rebuild(described: dict, example, symbols: dict):
