@@ -1,13 +1,16 @@
 """Hopper GEMM families vs cuBLAS, same run, CUDA graphs: F.linear (bf16), torch._scaled_mm (fp8).
 
-For every default (N, K) and M bucket, both sides compute bf16(x @ w^T * scales + bias). Each
-figure is the median over replays of a CUDA graph of many calls that cycle through enough copies
-of the operands to leave L2 (a server's weights are not in L2 when a layer starts). With
+For every default (N, K), any --shape N,K (shapes nobody tuned for) and every M of --m
+(default 1, 2, 4, ..., 8192), both sides compute bf16(x @ w^T * scales + bias). Each figure is
+the median over replays of a CUDA graph of many calls that cycle through enough copies of the
+operands to leave L2 (a server's weights are not in L2 when a layer starts). With
 --tactics-max-m, every tactic in the bundles is timed too (the data a tuned table is made from).
+The summary gives the geomean speedup per family in the bands M <= 64, 128-256 and >= 512.
 
-    python benchmarks/gemm_sm90_speed.py --bundles bundles --tactics-max-m 4096 \
+    python benchmarks/gemm_sm90_speed.py --bundles bundles --shape 2560,2048 \
         --out benchmarks/results/gemm_sm90_speed.json
     python benchmarks/gemm_sm90_speed.py --plot benchmarks/results/gemm_sm90_speed.json  # PNG
+    python benchmarks/gemm_sm90_speed.py --compare new.json old.json  # same problems, new/old
 """
 
 from __future__ import annotations
@@ -38,9 +41,14 @@ def _operands(torch, dtype: str, m: int, n: int, k: int, copies: int):
     return sets
 
 
+DEFAULT_MS = tuple(2**i for i in range(14))  # 1 .. 8192
+BANDS = (("m_le_64", 1, 64), ("m_128_256", 128, 256), ("m_ge_512", 512, None))
+
+
 def _cublas(torch, dtype: str):
     """F.linear's cuBLAS(Lt) call with the bias in its epilogue, written into `out`; fp8 with
-    fast accumulation, as our kernel accumulates (no periodic promotion to full fp32)."""
+    fast accumulation (torch._scaled_mm's fastest setting; our fp8 tables may pick promoted
+    or fast-accumulation tactics, see kernel.py)."""
     if dtype == "bfloat16":
         return lambda x, w, bias, out: torch.addmm(bias, x, w.T, out=out)
 
@@ -57,13 +65,13 @@ def _geomean(values):
 
 
 def measure(
-    bundles: str, tactics_max_m: int, max_m: int, shapes_limit: int | None, out_path: Path
+    bundles: str, tactics_max_m: int, ms, shapes_limit: int | None, extra_shapes, out_path: Path
 ) -> dict:
     """Rows as they are measured; the JSON is rewritten after each (a cut-off run keeps them)."""
     import torch
 
     from cute_aot.kernels import family
-    from cute_aot.kernels.gemm_sm90 import DEFAULT_SHAPES, M_BUCKETS, GemmProblem
+    from cute_aot.kernels.gemm_sm90 import DEFAULT_SHAPES, GemmProblem
     from cute_aot.runtime import REGISTRY, load_bundles
 
     load_bundles(bundles)
@@ -82,8 +90,10 @@ def measure(
             key=lambda key: key.canonical_json(),
         )
         baseline = _cublas(torch, dtype)
-        for n, k in DEFAULT_SHAPES[:shapes_limit]:
-            for m in (m for m in M_BUCKETS if m <= max_m):
+        shapes = [(n, k, True) for n, k in DEFAULT_SHAPES[:shapes_limit]]
+        shapes += [(n, k, False) for n, k in extra_shapes]
+        for n, k, default_shape in shapes:
+            for m in ms:
                 copies = operand_copies((m * k + n * k) * (2 if dtype == "bfloat16" else 1))
                 sets = _operands(torch, dtype, m, n, k, copies)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -96,6 +106,7 @@ def measure(
                 diff = (ours_out.float() - out.float()).abs().max().item()
                 row = {
                     "family": family_name, "m": m, "n": n, "k": k, "key": chosen.describe(),
+                    "default_shape": default_shape,
                     "ours_us": ours_s * 1e6, "cublas_us": cublas_s * 1e6,
                     "speedup": cublas_s / ours_s,
                     "ours_tflops": 2 * m * n * k / ours_s / 1e12,
@@ -129,20 +140,55 @@ def _write(path: Path, torch, rows) -> dict:
     return report
 
 
+def _in_band(m: int, low: int, high: int | None) -> bool:
+    return low <= m and (high is None or m <= high)
+
+
 def summarize(rows) -> dict:
-    """Geomean speedup vs cuBLAS (>1: ours faster) per family, for M <= 64 and M >= 512."""
+    """Geomean speedup vs cuBLAS (>1: ours faster) per family and M band, the worst problem,
+    and the same over the shapes not in the default (tuned) set."""
     summary = {}
     for family_name in sorted({row["family"] for row in rows}):
         mine = [row for row in rows if row["family"] == family_name]
+        worst = min(mine, key=lambda r: r["speedup"])
         summary[family_name] = {
-            "geomean_speedup_m_le_64": _geomean(r["speedup"] for r in mine if r["m"] <= 64),
-            "geomean_speedup_m_ge_512": _geomean(r["speedup"] for r in mine if r["m"] >= 512),
-            "worst": min(mine, key=lambda r: r["speedup"])["speedup"],
+            **{f"geomean_speedup_{band}": _geomean(r["speedup"] for r in mine
+                                                   if _in_band(r["m"], low, high))
+               for band, low, high in BANDS},
+            "geomean_speedup_untuned_shapes": _geomean(
+                r["speedup"] for r in mine if not r.get("default_shape", True)
+            ),
+            "problems": len(mine),
+            "below_0_85": sum(r["speedup"] < 0.85 for r in mine),
+            "worst": worst["speedup"],
+            "worst_problem": {f: worst[f] for f in ("m", "n", "k", "key")},
             "best_tactic_speedup_geomean": _geomean(
                 r["cublas_us"] / min(r["tactics_us"].values()) for r in mine if "tactics_us" in r
             ),
         }
     return summary
+
+
+def compare_reports(new: dict, old: dict) -> dict:
+    """Per family and band: geomean of old time / new time (>1: new faster) and of each run's
+    own cuBLAS ratio, over the problems (family, m, n, k) both reports measured."""
+    index = {(r["family"], r["m"], r["n"], r["k"]): r for r in old["rows"]}
+    pairs = [(r, index[key]) for r in new["rows"]
+             if (key := (r["family"], r["m"], r["n"], r["k"])) in index]  # fmt: skip
+    result = {}
+    for family_name in sorted({r["family"] for r, _ in pairs}):
+        mine = [(a, b) for a, b in pairs if a["family"] == family_name]
+        result[family_name] = {
+            band: {
+                "problems": len(chosen),
+                "new_vs_old": _geomean(b["ours_us"] / a["ours_us"] for a, b in chosen),
+                "new_vs_cublas": _geomean(a["speedup"] for a, _ in chosen),
+                "old_vs_cublas": _geomean(b["speedup"] for _, b in chosen),
+            }
+            for band, low, high in BANDS
+            if (chosen := [(a, b) for a, b in mine if _in_band(a["m"], low, high)])
+        }
+    return result
 
 
 def plot(report: dict, path: Path) -> None:
@@ -175,15 +221,24 @@ def plot(report: dict, path: Path) -> None:
     "--tactics-max-m", default=0, show_default=True,
     help="Also time every tactic built into the bundles, for M up to this.",
 )  # fmt: skip
-@click.option("--max-m", default=16384, show_default=True)
+@click.option("--m", "ms", type=int, multiple=True, help="M to measure (default 1, 2, 4 .. 8192).")
 @click.option("--shapes", "shapes_limit", type=int, default=None, help="First N default shapes.")
+@click.option("--shape", "extra", multiple=True, help="Another N,K (not tuned for), repeatable.")
 @click.option("--out", "out_path", default="benchmarks/results/gemm_sm90_speed.json")
 @click.option("--plot", "plot_from", type=click.Path(exists=True), help="Only plot this JSON.")
-def main(bundles, tactics_max_m, max_m, shapes_limit, out_path, plot_from):
+@click.option("--compare", nargs=2, type=click.Path(exists=True),
+              help="NEW OLD: per band, geomean of old time / new time on the problems both hold.")  # fmt: skip
+def main(bundles, tactics_max_m, ms, shapes_limit, extra, out_path, plot_from, compare):
     if plot_from:
         plot(json.loads(Path(plot_from).read_text()), Path(plot_from).with_suffix(".png"))
         return
-    report = measure(bundles, tactics_max_m, max_m, shapes_limit, Path(out_path))
+    if compare:
+        print(json.dumps(compare_reports(*(json.loads(Path(p).read_text()) for p in compare)),
+                         indent=1))  # fmt: skip
+        return
+    extra_shapes = [tuple(int(v) for v in text.split(",")) for text in extra]
+    report = measure(bundles, tactics_max_m, ms or DEFAULT_MS, shapes_limit, extra_shapes,
+                     Path(out_path))  # fmt: skip
     print(json.dumps(report["summary"], indent=1))
     try:
         plot(report, Path(out_path).with_suffix(".png"))

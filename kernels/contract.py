@@ -279,7 +279,8 @@ class KernelFamily:
 
     def tuned_table(self, arch: str, winners: list, provenance: dict[str, Any]) -> Table:
         """A table from measurements. winners: [(problem, key, {key id: microseconds})], the
-        key being the fastest correct candidate of the problem."""
+        key being the fastest correct candidate of the problem. A family may also take
+        `base=` (a Table): `aot-tune --base` then keeps its rows where nothing new covers them."""
         raise NotImplementedError(f"{self.name} has no dispatch table to tune")
 
     def compile(self, key: KernelKey, arch: str):

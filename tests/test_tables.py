@@ -4,6 +4,8 @@ bundle's table, the two-bundles rule, and what aot-cache shows of them. No GPU."
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -89,11 +91,14 @@ def test_gemm_tuned_rows_serve_their_m_range():
     assert row["m"] == [129, 256] and row["runner_up_us"] == 12.0
     for m in (129, 200, 256):
         assert GEMM.dispatch(GemmProblem(m, 4096, 4096), ARCH, table).key == best
-    for m, n in ((128, 4096), (257, 4096), (200, 6144)):  # other bucket or shape: the rule
+    for m, n in ((128, 4096), (257, 4096)):  # another M bucket: the rule
         problem = GemmProblem(m, n, 4096)
         assert (
             GEMM.dispatch(problem, ARCH, table).key == GEMM.dispatch(problem, ARCH, handwritten).key
         )
+    other_shape = GEMM.dispatch(GemmProblem(200, 6144, 4096), ARCH, table)  # the nearest row
+    assert dataclasses.replace(other_shape.key, stages=best.stages) == best
+    assert "nearest tuned shape N=4096 K=4096" in other_shape.reason
     assert (
         "tuned row for N=4096 K=4096 M in [129, 256]"
         in GEMM.dispatch(GemmProblem(200, 4096, 4096), ARCH, table).reason

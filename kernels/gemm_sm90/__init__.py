@@ -28,6 +28,7 @@ This module never imports cutlass or torch at module level: servers import it on
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -40,7 +41,7 @@ from cute_aot.kernels.tables import Table, packaged_tables
 FAMILY = "gemm_sm90"
 FP8_FAMILY = "gemm_sm90_fp8"
 # Bump when the kernel's code generation changes in a way the other key fields do not capture.
-FAMILY_VERSION = 1
+FAMILY_VERSION = 2  # 2: swap-AB, split-K through distributed shared memory, fp8 promotion
 
 BF16_DTYPE = "bfloat16"
 FP8_DTYPE = "float8_e4m3fn"
@@ -57,7 +58,16 @@ MAX_STAGES = 8
 TILE_K = {BF16_DTYPE: 64, FP8_DTYPE: 128}  # 128-byte rows either way
 
 # M buckets a server's batch sizes fall into (each bucket's M is also its upper edge).
-M_BUCKETS: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+M_BUCKETS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Swap-AB puts M on the wgmma's N side: the narrowest of these that holds M (kernel.py).
+SWAP_TILE_N: tuple[int, ...] = (8, 16, 32, 64)
+SPLITS: tuple[int, ...] = (1, 2, 4, 8)  # split-K: CTAs per output tile (a 1x1xS cluster)
+SMS = 132  # H200 SMs
+# Split-K adds CTAs only up to about this many: past it, aot-tune on the H200 measured the
+# 1x1xS cluster's reduction costing more than the extra SMs bring (M <= 256, 23 layer shapes).
+SPLIT_MAX_CTAS = 72
+MIN_K_TILES_PER_SPLIT = 4  # fewer and the pipeline never fills
+MAX_ACC_PER_THREAD = 128  # kernel.py: fp32 accumulators per consumer thread, promotion included
 
 
 class Tactic(NamedTuple):
@@ -65,24 +75,51 @@ class Tactic(NamedTuple):
 
     max_m: int  # inclusive; the last row has no bound (0)
     tile_m: int
-    tile_n: int
+    tile_n: int  # 0 with swap_ab: the narrowest SWAP_TILE_N that holds M
     cluster_m: int
     cluster_n: int
+    swap_ab: bool
+    split_k: int  # 0: as many splits as fill one wave (auto_split)
     why: str
 
 
 # The tactic table (data; the dispatch rule reads it top to bottom, first match wins).
 TACTICS: tuple[Tactic, ...] = (
-    Tactic(64, 64, 128, 1, 1, "decode-sized M: one consumer warpgroup, M tile 64 wastes least"),
-    Tactic(256, 128, 128, 1, 1, "mid M: two consumer warpgroups, 128x128 keeps enough CTAs"),
-    Tactic(0, 128, 256, 2, 1, "large M: 128x256 tiles, w tile multicast to a 2x1 cluster"),
-)
+    Tactic(64, 128, 0, 1, 1, True, 0, "decode-sized M: swap-AB, 128 weight rows x M tokens per "
+           "tile, K split until the wave is full"),
+    Tactic(256, 128, 128, 1, 1, False, 0, "mid M: two consumer warpgroups, 128x128, K split "
+           "until the wave is full"),
+    Tactic(0, 128, 256, 2, 1, False, 1, "large M: 128x256 tiles, w tile multicast to a 2x1 "
+           "cluster"),
+)  # fmt: skip
 # Below this N a 128x256 tile leaves too few CTAs; large M then keeps 128x128 (cluster 2x1).
 WIDE_TILE_MIN_N = 2048
 PDL = True
 OUT_VECTOR = 8  # bf16 per 16-byte store (kernel.py); needs out rows 16-byte aligned
 RASTER_M = 8  # a wave of ~132 CTAs covers 8 M tiles x ~16 N tiles (an L2-sized block)
 BLOCK_ORDER = 1 << 16  # a raster group taller than any grid: plain block order, M tiles fastest
+
+
+def accumulators_per_thread(tile_m: int, tile_n: int) -> int:
+    return tile_m * tile_n // (tile_m // 64 * 128)
+
+
+def can_promote(tile_m: int, tile_n: int) -> bool:
+    """fp8 promotion holds a second accumulator set: it must fit in the registers."""
+    return 2 * accumulators_per_thread(tile_m, tile_n) <= MAX_ACC_PER_THREAD
+
+
+def swap_tile_n(m: int) -> int:
+    return next((t for t in SWAP_TILE_N if t >= m), SWAP_TILE_N[-1])
+
+
+def auto_split(tiles: int, k_tiles: int) -> int:
+    """The most K splits that keep the CTAs within SPLIT_MAX_CTAS and give every split
+    MIN_K_TILES_PER_SPLIT k-tiles."""
+    return next(
+        s for s in reversed(SPLITS)
+        if s == 1 or (tiles * s <= SPLIT_MAX_CTAS and k_tiles >= MIN_K_TILES_PER_SPLIT * s)
+    )  # fmt: skip
 
 
 def stages_for(dtype: str, tile_m: int, tile_n: int) -> int:
@@ -107,6 +144,9 @@ class GemmSm90Key(KernelKey):
     pdl: bool
     raster_m: int = RASTER_M  # M tiles per raster group (kernel.py: _tile_of_this_cta)
     aligned_n: bool = True  # N % 8 == 0: 16-byte stores of a tile staged in shared memory
+    swap_ab: bool = False  # the kernel computes out^T = w @ x^T: tile_m along N, tile_n along M
+    split_k: int = 1  # CTAs (a 1x1xS cluster) per output tile, reduced in distributed smem
+    promote: bool = False  # fp8: each k-tile's sum added to fp32 accumulators (kernel.py)
     out_dtype: str = OUT_DTYPE
     align_bytes: int = ALIGN_BYTES
     version: int = FAMILY_VERSION
@@ -116,6 +156,9 @@ class GemmSm90Key(KernelKey):
             f"{self.dtype} tile {self.tile_m}x{self.tile_n} cluster {self.cluster_m}x"
             f"{self.cluster_n} stages={self.stages} raster={self.raster_m} bias={int(self.has_bias)}"
             f" pdl={int(self.pdl)}{'' if self.aligned_n else ' any-N'}"
+            f"{' swap-AB' if self.swap_ab else ''}"
+            f"{f' split-K {self.split_k}' if self.split_k > 1 else ''}"
+            f"{' promoted' if self.promote else ''}"
         )
 
 
@@ -134,6 +177,27 @@ def check_key(key: GemmSm90Key, arch: str) -> None:
         raise UnsupportedProblemError(f"{key.FAMILY}: key {key.describe()} has unknown dtypes")
     if key.align_bytes != ALIGN_BYTES:
         raise UnsupportedProblemError(f"{key.FAMILY}: align_bytes must be {ALIGN_BYTES}")
+    why = tactic_refusal(key)
+    if why:
+        raise UnsupportedProblemError(f"{key.FAMILY}: key {key.describe()}: {why}")
+
+
+def tactic_refusal(key: GemmSm90Key) -> str | None:
+    """Why the kernel cannot build this combination (kernel.py checks the same), or None."""
+    if key.split_k not in SPLITS:
+        return f"split_k must be one of {SPLITS}"
+    if key.split_k > 1 and (key.cluster_m, key.cluster_n) != (1, 1):
+        return "split-K takes the cluster for K: cluster must be 1x1"
+    if (key.swap_ab or key.split_k > 1) and not key.aligned_n:
+        return "swap-AB and split-K need N % 8 == 0"
+    if key.swap_ab and key.tile_n not in SWAP_TILE_N:
+        return f"swap-AB tiles M by one of {SWAP_TILE_N}"
+    rows = key.tile_n if key.swap_ab else key.tile_m
+    if rows % key.split_k:
+        return f"split_k={key.split_k} must divide the out tile's {rows} rows"
+    if key.promote and (key.dtype != FP8_DTYPE or not can_promote(key.tile_m, key.tile_n)):
+        return "promotion is for fp8 tiles of at most 64 accumulators per thread"
+    return None
 
 
 class GemmProblem(NamedTuple):
@@ -182,34 +246,91 @@ def default_table(family: str, arch: str) -> Table | None:
     return packaged_tables(__name__).get((family, arch)) or handwritten_table(family, arch)
 
 
+def _holds(row: dict, m: int) -> bool:
+    low, high = row["m"]
+    return low <= m and (high is None or m <= high)
+
+
 def _shape_row(data: dict, m: int, n: int, k: int) -> dict | None:
     for row in data.get("shape_rows", ()):
-        low, high = row["m"]
-        if row["n"] == n and row["k"] == k and low <= m and (high is None or m <= high):
+        if row["n"] == n and row["k"] == k and _holds(row, m):
             return row
     return None
+
+
+def _nearest_row(data: dict, m: int, n: int, k: int) -> dict | None:
+    """For a shape nobody tuned: the row of the tuned shape closest in log N (and, half as
+    much, log K) at this M. The tile that won for a similar grid of tiles beats a fixed rule:
+    on the H200 the hand-written rule was 0.4-0.75x cuBLAS on some untuned shapes."""
+    rows = [row for row in data.get("shape_rows", ()) if _holds(row, m)]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: (abs(math.log(n / r["n"])) + 0.5 * abs(math.log(k / r["k"])),
+                                    r["n"], r["k"]))  # fmt: skip
+
+
+TACTIC_FIELDS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab", "split_k", "promote")
+TACTIC_DEFAULTS = {"swap_ab": False, "split_k": 1, "promote": False}  # rows of FAMILY_VERSION 1
+
+
+def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> str:
+    """Resolve a hand-written row's data-dependent fields for this problem; the notes why."""
+    notes = []
+    if tactic["swap_ab"] and not aligned_n:
+        tactic.update(swap_ab=False, tile_m=64, tile_n=128, split_k=1)
+        notes.append(f"N={n} % {OUT_VECTOR} != 0: no swap-AB or split-K, 64x128")
+    if tactic["swap_ab"] and tactic["tile_n"] == 0:
+        tactic["tile_n"] = swap_tile_n(m)
+        notes.append(f"swap-AB tile of {tactic['tile_n']} tokens")
+    if tactic["split_k"] == 0:
+        rows, cols = (n, m) if tactic["swap_ab"] else (m, n)
+        tiles = -(-rows // tactic["tile_m"]) * -(-cols // tactic["tile_n"])
+        k_tiles = -(-k // TILE_K[dtype])
+        tactic["split_k"] = auto_split(tiles, k_tiles) if aligned_n else 1
+        if tactic["split_k"] > 1:
+            notes.append(f"{tiles} tiles x split-K {tactic['split_k']} fill the wave")
+    promote = dtype == FP8_DTYPE and can_promote(tactic["tile_m"], tactic["tile_n"])
+    tactic.setdefault("promote", promote)
+    return "; ".join(notes)
 
 
 @functools.lru_cache(maxsize=4096)
 def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int, int, str]:
     """(tactic fields, stages, raster_m, why) for a problem under `table`: the one rule."""
     data = table.data
+    aligned_n = n % OUT_VECTOR == 0
     row = _shape_row(data, m, n, k)
+    nearest = row is None and aligned_n  # unaligned N: swap-AB / split-K rows do not apply
+    if nearest:
+        row = _nearest_row(data, m, n, k)
     if row is not None:
         low, high = row["m"]
         bound = f"M in [{low}, {high if high is not None else 'inf'}]"
-        why = f"tuned row for N={n} K={k} {bound}: {row.get('why', '')}".rstrip(": ")
-        tactic = {f: row[f] for f in ("tile_m", "tile_n", "cluster_m", "cluster_n")}
+        which = f"nearest tuned shape N={row['n']} K={row['k']}" if nearest else "tuned row"
+        why = f"{which} for N={n} K={k} {bound}: {row.get('why', '')}".rstrip(": ")
+        tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS}
+        k_tiles = -(-k // TILE_K[dtype])
+        while tactic["split_k"] > 1 and k_tiles < MIN_K_TILES_PER_SPLIT * tactic["split_k"]:
+            tactic["split_k"] //= 2  # the neighbour's K was longer
         stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"])
         return tactic, stages, row.get("raster_m", data["raster_m"]), why
     rows = data["rows"]
     row = next(r for r in rows if r["max_m"] == 0 or m <= r["max_m"])
-    tactic = {f: row[f] for f in ("tile_m", "tile_n", "cluster_m", "cluster_n")}
+    tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS if f != "promote"}
     bound = f"M={m} <= {row['max_m']}" if row["max_m"] else f"M={m} > {rows[-2]['max_m']}"
     why = f"{bound}: {row['why']}"
-    if tactic["tile_n"] > 128 and n < data["wide_tile_min_n"]:
+    wide_tiles = -(-m // tactic["tile_m"]) * -(-n // max(tactic["tile_n"], 1))
+    if tactic["tile_n"] > 128 and wide_tiles < SMS:
+        tactic["tile_n"] = 128
+        why += f"; {wide_tiles} tiles of {tactic['tile_m']}x256 leave SMs idle: tile_n 128"
+    elif tactic["tile_n"] > 128 and n < data["wide_tile_min_n"]:
         tactic["tile_n"] = 128
         why += f"; N={n} < {data['wide_tile_min_n']} narrows tile_n to 128"
+    if dtype == FP8_DTYPE and not can_promote(tactic["tile_m"], tactic["tile_n"]):
+        tactic["tile_n"] = 128  # fp8 is promoted by default: the second set must fit
+        why += "; fp8 promotion narrows tile_n to 128"
+    notes = _fit(tactic, m, n, k, dtype, aligned_n)
+    why += f"; {notes}" if notes else ""
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"])
     return tactic, stages, data["raster_m"], why
 
@@ -228,12 +349,11 @@ def dispatch_problem(
     key_class = GemmSm90Fp8Key if family == FP8_FAMILY else GemmSm90Key
     key = key_class(
         dtype, bool(has_bias), tactic["tile_m"], tactic["tile_n"], tactic["cluster_m"],
-        tactic["cluster_n"], stages, PDL, raster_m, aligned_n,
+        tactic["cluster_n"], stages, PDL, raster_m, aligned_n, bool(tactic["swap_ab"]),
+        int(tactic["split_k"]), bool(tactic["promote"]),
     )  # fmt: skip
     reason = (
-        f"{why} -> tile {key.tile_m}x{key.tile_n}x{TILE_K[dtype]}, cluster {key.cluster_m}x"
-        f"{key.cluster_n}, raster groups of {raster_m} M tiles; {stages} stages fill shared "
-        f"memory; bias {'read' if has_bias else 'not read'}; pdl={int(PDL)}; "
+        f"{why} -> {key.describe()}, tile_k {TILE_K[dtype]}; {stages} stages fill shared memory; "
         + (f"N % {OUT_VECTOR} == 0: 16-byte stores through shared memory" if aligned_n
            else f"N % {OUT_VECTOR} != 0: 2-byte stores")
         + f" [{table.describe()}]"
@@ -241,25 +361,42 @@ def dispatch_problem(
     return Dispatch(key, reason)
 
 
-def tuned_table(family: str, arch: str, winners: list, provenance: dict) -> Table:
+def _bucket_range(m: int) -> list:
+    lower = max((b for b in M_BUCKETS if b < m), default=0) + 1
+    return [lower, None if m == M_BUCKETS[-1] else m]
+
+
+def _overlaps(a: list, b: list) -> bool:
+    inf = float("inf")
+    return a[0] <= (b[1] or inf) and b[0] <= (a[1] or inf)
+
+
+def tuned_table(
+    family: str, arch: str, winners: list, provenance: dict, base: Table | None = None
+) -> Table:
     """The default rule plus one row per measured (N, K, M bucket): the fastest correct tactic,
-    its time and the runner-up's. A bucket's row serves the M range up to its M."""
+    its time and the runner-up's. A bucket's row serves the M range up to its M. `base`: an
+    earlier table whose rows are kept where nothing measured now covers their (N, K, M range)."""
     data = dict(handwritten_table(family, arch).data)
     rows = []
     for problem, key, timings in sorted(winners, key=lambda w: (w[0].n, w[0].k, w[0].m)):
-        m, n, k = problem.m, problem.n, problem.k
-        lower = max((b for b in M_BUCKETS if b < m), default=0) + 1
-        upper = None if m == M_BUCKETS[-1] else m
         ranked = sorted(timings.items(), key=lambda item: item[1])
         runner_up = ranked[1] if len(ranked) > 1 else None
         rows.append({
-            "n": n, "k": k, "m": [lower, upper],
-            "tile_m": key.tile_m, "tile_n": key.tile_n,
-            "cluster_m": key.cluster_m, "cluster_n": key.cluster_n, "raster_m": key.raster_m,
+            "n": problem.n, "k": problem.k, "m": _bucket_range(problem.m),
+            **{f: getattr(key, f) for f in TACTIC_FIELDS}, "raster_m": key.raster_m,
             "us": round(timings[key.id], 3),
             "runner_up_us": round(runner_up[1], 3) if runner_up else None,
-            "why": f"fastest of {len(timings)} measured at M={m}",
+            "why": f"fastest of {len(timings)} measured at M={problem.m}",
         })  # fmt: skip
+    if base is not None:
+        kept = [
+            old for old in base.data.get("shape_rows", ())
+            if not any((new["n"], new["k"]) == (old["n"], old["k"]) and _overlaps(new["m"], old["m"])
+                       for new in rows)
+        ]  # fmt: skip
+        rows = sorted(kept + rows, key=lambda r: (r["n"], r["k"], r["m"][0]))
+        provenance = {**provenance, "kept_rows_from": base.provenance}
     data["shape_rows"] = rows
     return Table(family, arch, data, provenance)
 
@@ -383,16 +520,30 @@ class GemmSm90Family(KernelFamily):
             yield GemmProblem(m, n, k, self.dtype, True)
 
     def tune_candidates(self, problem, arch: str) -> list[GemmSm90Key]:
+        """The tactics worth timing at this M: swap-AB (tile fitted to M) and 64-row tiles for
+        decode sizes; every tile up to 128 x 128 split or not, and the wide ones, for mid M;
+        the unsplit tiles with their clusters and rasters, and split 128-row tiles, above."""
         problem = GemmProblem(*problem)
         check_problem(problem, self.name)
         aligned_n = problem.n % OUT_VECTOR == 0
+        m = problem.m
+
+        def wanted(key: GemmSm90Key) -> bool:
+            if key.swap_ab:
+                return m <= 256 and key.tile_n == swap_tile_n(m)
+            if m <= 64:
+                return key.tile_m == 64 and key.tile_n <= 128 and key.cluster_m == key.cluster_n
+            if m <= 256:
+                return True
+            return key.split_k == 1 or key.tile_m == 128
+
         return [
             key for key in self.tactic_space(arch, aligned=(aligned_n,))
-            if key.has_bias == problem.has_bias
+            if key.has_bias == problem.has_bias and wanted(key)
         ]  # fmt: skip
 
-    def tuned_table(self, arch: str, winners: list, provenance: dict) -> Table:
-        return tuned_table(self.name, arch, winners, provenance)
+    def tuned_table(self, arch: str, winners: list, provenance: dict, base=None) -> Table:
+        return tuned_table(self.name, arch, winners, provenance, base)
 
     def problems(self, shape) -> Iterator[GemmProblem]:
         n, k = shape
@@ -441,17 +592,38 @@ class GemmSm90Family(KernelFamily):
         `aligned`: which epilogues (N % 8 == 0, or any N); default shapes all have N % 8 == 0."""
         if arch not in ARCHS:
             return []
-        return [
-            self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
-                     stages_for(self.dtype, tile_m, tile_n), PDL, raster_m, aligned_n)
+        promotes = (False, True) if self.dtype == FP8_DTYPE else (False,)
+        unsplit = [
+            (tile_m, tile_n, cluster_m, cluster_n, raster_m, False, 1)
             for tile_m in (64, 128)
             for tile_n in (64, 128, 256)
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
-            for has_bias in (False, True)
             for raster_m in ((RASTER_M, 2 * RASTER_M, BLOCK_ORDER) if tile_m * tile_n >= 128 * 128
                              else (RASTER_M,))
+        ]  # fmt: skip
+        split = [
+            (tile_m, tile_n, 1, 1, RASTER_M, False, split_k)
+            for tile_m in (64, 128)
+            for tile_n in (64, 128)
+            for split_k in SPLITS[1:]
+        ]
+        swapped = [
+            (tile_m, tile_n, 1, 1, RASTER_M, True, split_k)
+            for tile_m in (64, 128)
+            for tile_n in SWAP_TILE_N
+            for split_k in SPLITS
+        ]
+        keys = [
+            self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
+                     stages_for(self.dtype, tile_m, tile_n), PDL, raster_m, aligned_n, swap_ab,
+                     split_k, promote)
+            for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k
+            in unsplit + split + swapped
+            for promote in promotes
+            for has_bias in (False, True)
             for aligned_n in aligned
         ]  # fmt: skip
+        return [key for key in keys if tactic_refusal(key) is None]
 
     def output_shape(self, problem) -> tuple[int, int]:
         return problem[0], problem[1]

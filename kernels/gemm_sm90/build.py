@@ -39,6 +39,9 @@ def compile(key: GemmSm90Key, arch: str):
         key.pdl,
         key.raster_m,
         key.aligned_n,
+        key.swap_ab,
+        key.split_k,
+        key.promote,
     )
     options = f"--gpu-arch {arch} --enable-tvm-ffi"
     if key.dtype == FP8_DTYPE:

@@ -9,49 +9,72 @@ M, N and K are runtime (symbolic) sizes: one binary serves every shape whose K k
 
 Design (what a reviewer can check against the code below)
 ------
-* CTA tile tile_m x tile_n x tile_k; tile_m in {64, 128}, tile_n in {64, 128, 256}; tile_k = 64
-  for bf16 and 128 for fp8 (4 wgmma k-steps of 16 / 32, i.e. 128-byte rows, 128-byte swizzle
-  chosen by sm90_utils.make_smem_layout_a/b).  grid = (ceil(M/tile_m) rounded up to cluster_m,
-  ceil(N/tile_n) rounded up to cluster_n); CTAs are mapped to output tiles in groups of
-  raster_m M tiles (see _tile_of_this_cta) so that each wave reuses its operands from L2.
+* Operands. The MMA computes a tile of A[Mk, K] @ B[Nk, K]^T. Normally A = x, B = w (kernel
+  coordinates are out's). With swap_ab, A = w and B = x: the kernel computes out^T, so the
+  token dimension M sits on the wgmma's N side, whose tile may be 8..64 wide. A decode-sized M
+  then fills a 64- or 128-row weight tile instead of padding a 64-row x tile with zeros.
+* CTA tile tile_m x tile_n x tile_k (kernel coordinates); tile_m in {64, 128}, tile_n in {8, 16,
+  32, 64, 128, 256}; tile_k = 64 for bf16 and 128 for fp8 (4 wgmma k-steps of 16 / 32, i.e.
+  128-byte rows, 128-byte swizzle chosen by sm90_utils.make_smem_layout_a/b).
+* Grid and scheduler: grid = (ceil(Mk/tile_m) rounded up to cluster_m, ceil(Nk/tile_n) rounded
+  up to cluster_n, split_k). CTAs are mapped to output tiles in groups of raster_m M tiles (see
+  _tile_of_this_cta) so that each wave reuses its operands from L2. z is the K split.
+* Split-K (split_k = S > 1): the S CTAs of one output tile form a cluster (1, 1, S); CTA s runs
+  k-tiles [s * T / S, (s + 1) * T / S) of the T = ceil(K / tile_k). Each stages its fp32
+  partial tile in its own shared memory; after a cluster barrier, CTA s reduces rows
+  [s * R / S, (s + 1) * R / S) of the tile by reading all S partials through distributed shared
+  memory (ld.shared::cluster), always in the order 0, 1, .., S - 1, so the result does not
+  depend on timing (bitwise equal across runs and graph replays) and no workspace or second
+  kernel is needed. A final cluster barrier keeps every CTA's partial alive until its peers
+  have read it. Small M with small N thus launches S times more CTAs (9-24 CTAs of 132 SMs
+  was what cost the most before).
 * Warp roles, (tile_m / 64 + 1) warpgroups of 128 threads:
     - warpgroups 0 .. C-1 (C = tile_m / 64) are consumers: warpgroup g issues the wgmma of rows
       [64 g, 64 g + 64) of the tile (tiled MMA with atom layout (C, 1, 1), 64 x tile_n per
       atom), fp32 accumulators in registers (tile_n / 2 per thread).  setmaxnreg raises them to
       240 (C = 1) or 232 (C = 2) registers.
     - warpgroup C is the producer: setmaxnreg lowers it to 40 registers; its warp 0 (one elected
-      thread, inside cute.copy) issues the TMA loads; its other 3 warps only join the
-      final cluster barrier.
+      thread, inside cute.copy) issues the TMA loads; its other 3 warps only join the cluster
+      barriers.
 * Main-loop pipeline: PipelineTmaAsync with `stages` slots; per slot one "full" mbarrier (TMA
-  transaction bytes = x tile + w tile bytes) and one "empty" mbarrier (one arrive per consumer
+  transaction bytes = A tile + B tile bytes) and one "empty" mbarrier (one arrive per consumer
   warp per CTA that multicasts into this slot).  Producer: producer_acquire (wait empty, arm
-  full with the byte count) -> TMA x tile, TMA w tile on the full barrier -> advance.  Consumer:
+  full with the byte count) -> TMA A tile, TMA B tile on the full barrier -> advance.  Consumer:
   consumer_wait (full) -> warpgroup.fence -> 4 wgmma k-steps -> commit_group; the slot of the
   previous k-tile is released only after wait_group(1) shows its wgmma finished (one wgmma
   batch in flight, so TMA writes never race the tensor cores' reads).
-* Clusters (cluster_m x cluster_n, size <= 2 here): the w tile is multicast to the cluster_m
-  CTAs that share an N tile, the x tile to the cluster_n CTAs that share an M tile; each CTA
-  loads its 1/cluster slice of the multicast tile.  Consumer releases go to every CTA of the
-  multicast group (PipelineTmaAsync multicast signalling).  A final cluster barrier keeps each
-  CTA's shared memory alive until its peers have stopped writing into it.
-* Out of bounds: the TMA descriptors cover the true [M, K] and [N, K] extents, so rows >= M,
-  rows >= N and columns >= K of a box are zero-filled by the hardware (a zero K tail adds 0 to
-  the accumulators).  The epilogue predicates every store on (m < M, n < N).
-* Epilogue (consumer threads only): per accumulator element scale (fp8), add bias[n] when
-  has_bias (read only for n < N), convert to bf16.  With N % 8 == 0 (aligned_n, what every
-  model layer has) the tile is staged in shared memory (the operand slots, free by then; rows
-  padded by 8 elements so a warp's writes hit 32 distinct banks) and written back as 16-byte
-  row segments, whole rows per warp, predicated on m < M and n < N.  Any other N stores each
-  element from registers (2-byte stores under the same predicates).
-* fp8 accumulates in the wgmma accumulators with no periodic promotion to a second fp32 set (as
-  torch._scaled_mm with use_fast_accum=True). Hopper's fp8 tensor-core accumulation keeps about
-  14 bits, so the error grows with K: at M=16384, N=8192, K=28672 every tactic missed aot-tune's
-  check (2% of the largest output) on random normal inputs; tile 128 x 256 has no registers
-  left for a second accumulator set.
+* fp8 promotion (promote=True): each k-tile's 4 wgmma (128 values of K) accumulate into a
+  zeroed second register set; after wait_group(0) it is added to the fp32 accumulators in
+  ordinary FMA precision. Hopper's fp8 tensor-core accumulation keeps about 14 bits, so without
+  this the error grows with K (DeepSeek-V3 report 3.3.2 promotes at the same interval). It
+  costs one wgmma batch of overlap per k-tile and twice the accumulator registers (tile_n <=
+  128). promote=False is the fast-accumulation variant (as torch._scaled_mm with
+  use_fast_accum=True), a separate tactic.
+* Clusters for multicast (cluster_m x cluster_n, size <= 2, split_k = 1): the B tile is
+  multicast to the cluster_m CTAs that share an N tile, the A tile to the cluster_n CTAs that
+  share an M tile; each CTA loads its 1/cluster slice of the multicast tile.  Consumer releases
+  go to every CTA of the multicast group (PipelineTmaAsync multicast signalling).  A final
+  cluster barrier keeps each CTA's shared memory alive until its peers have stopped writing
+  into it.
+* Out of bounds: the TMA descriptors cover the true extents, so rows past M or N and columns
+  past K of a box are zero-filled by the hardware (a zero K tail adds 0 to the accumulators).
+  The epilogue predicates every store on (m < M, n < N).
+* Epilogue (consumer threads only), after a barrier that shows every consumer warpgroup's last
+  wgmma retired (the operand slots are reused): with N % 8 == 0 (aligned_n, what every model
+  layer has) the tile is staged in shared memory in out's own row-major order (rows padded by 8
+  elements against bank conflicts) and written back as 16-byte row segments of out, whole rows
+  per warp, predicated on m < M and n < N. split_k = 1 stages bf16(acc * scale + bias);
+  split_k > 1 stages the fp32 partial and applies scale and bias after the reduction. Any other
+  N (split_k = 1, no swap) stores each element from registers (2-byte stores).
 * PDL (pdl=True): every thread executes griddepcontrol.wait after the pipeline's barriers are
   initialised and before the first global read of x / w / bias / scales and before any write of
   out; consumers execute griddepcontrol.launch_dependents after their last wgmma retired (before
   the epilogue), the producer after its last TMA was issued.  The launch sets use_pdl.
+* Barrier order per CTA: mbarrier init -> pipeline_init_arrive/wait (CTA or multicast
+  cluster) -> [griddepcontrol.wait] -> main loop (full/empty mbarriers) -> named barrier 1
+  (consumers: operand slots free) -> stage -> named barrier 1 (split_k = 1) or cluster barrier
+  (split_k > 1, producer warps join) -> store -> cluster barrier (any cluster: peers done
+  with this CTA's shared memory) -> exit.
 
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
 `from __future__ import annotations` here: cute.struct reads its field annotations as objects.
@@ -71,15 +94,17 @@ __all__ = ["HopperGemm", "SMEM_CAPACITY", "stage_bytes"]
 SMEM_CAPACITY = 232448  # bytes of dynamic shared memory an sm_90 CTA may use (227 KiB)
 BARRIER_RESERVE = 1024  # mbarriers + alignment slack
 WARPGROUP = 128
-OUT_VECTOR = 8  # bf16 per 16-byte store of the staged epilogue
-OUT_PAD = 8  # bf16 per staged row: rows 4 banks apart, so a warp's writes never conflict
+OUT_VECTOR = 8  # elements per 16-byte bf16 store of the staged epilogue
+OUT_PAD = 8  # elements per staged row: rows 4 (bf16) / 8 (fp32) banks apart
 EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}  # keeps (C * consumer + producer) * 128 <= 64 Ki registers
+MAX_ACC_PER_THREAD = 128  # fp32 accumulators a consumer thread may hold (promotion included)
+SPLITS = (1, 2, 4, 8)  # cluster (1, 1, S): at most 8 CTAs is portable
 
 
 def stage_bytes(tile_m: int, tile_n: int, tile_k: int, elem_bytes: int) -> int:
-    """Shared memory of one pipeline stage: one x tile and one w tile."""
+    """Shared memory of one pipeline stage: one A tile and one B tile."""
     return (tile_m + tile_n) * tile_k * elem_bytes
 
 
@@ -96,18 +121,29 @@ class HopperGemm:
         pdl: bool,
         raster_m: int = 8,
         aligned_n: bool = True,
+        swap_ab: bool = False,
+        split_k: int = 1,
+        promote: bool = False,
     ):
         tile_m, tile_n = tile_mn
         if tile_m not in (64, 128):
             raise ValueError(f"HopperGemm: tile_m must be 64 or 128, got {tile_m}")
-        if tile_n not in (64, 128, 256):
-            raise ValueError(f"HopperGemm: tile_n must be 64, 128 or 256, got {tile_n}")
+        if tile_n not in (8, 16, 32, 64, 128, 256):
+            raise ValueError(f"HopperGemm: tile_n must be 8..256 (a power of 2), got {tile_n}")
         if cluster_mn not in ((1, 1), (2, 1), (1, 2)):
             raise ValueError(f"HopperGemm: cluster must be 1x1, 2x1 or 1x2, got {cluster_mn}")
         if ab_dtype not in (BFloat16, cutlass.Float8E4M3FN):
             raise ValueError(f"HopperGemm: operands must be bf16 or fp8 e4m3, got {ab_dtype}")
+        if split_k not in SPLITS:
+            raise ValueError(f"HopperGemm: split_k must be one of {SPLITS}, got {split_k}")
+        if split_k > 1 and tuple(cluster_mn) != (1, 1):
+            raise ValueError("HopperGemm: split_k > 1 uses the cluster for K; cluster must be 1x1")
+        if (swap_ab or split_k > 1) and not aligned_n:
+            raise ValueError("HopperGemm: swap_ab and split_k need N % 8 == 0 (aligned_n)")
         self.ab_dtype = ab_dtype
         self.scaled = ab_dtype.width == 8
+        if promote and not self.scaled:
+            raise ValueError("HopperGemm: promote is for fp8 (bf16 accumulates in fp32)")
         self.acc_dtype = Float32
         self.out_dtype = BFloat16
         # 4 wgmma k-steps per tile: 128-byte rows (k 16 for bf16, 32 for fp8 per wgmma).
@@ -128,18 +164,33 @@ class HopperGemm:
                 f"HopperGemm: raster_m must be a multiple of cluster_m, got {raster_m}"
             )
         self.raster_clusters = raster_m // cluster_mn[0]
+        self.swap_ab = bool(swap_ab)
+        self.split_k = int(split_k)
+        self.promote = bool(promote)
+        self.mma_warpgroups = tile_m // 64
+        per_thread = tile_m * tile_n // (self.mma_warpgroups * WARPGROUP)
+        if per_thread * (2 if self.promote else 1) > MAX_ACC_PER_THREAD:
+            raise ValueError(
+                f"HopperGemm: a {tile_m}x{tile_n} tile has {per_thread} accumulators per thread; "
+                f"promotion doubles them past {MAX_ACC_PER_THREAD} (use tile_n <= 128)"
+            )
+        # The out tile in out's own coordinates (rows of out, columns of out).
+        self.out_tile = (tile_n, tile_m) if self.swap_ab else (tile_m, tile_n)
+        rows, cols = self.out_tile
+        if rows % self.split_k:
+            raise ValueError(f"HopperGemm: split_k={split_k} must divide the tile's {rows} rows")
         # N % 8 == 0 (out rows 16-byte aligned): stage the tile in the operand slots and store
-        # 16-byte segments; they must hold the padded tile.
+        # 16-byte segments; they must hold the padded tile (fp32 partials under split-K).
         self.aligned_n = bool(aligned_n)
-        staged = tile_m * (tile_n + OUT_PAD) * 2
+        self.staged_dtype = Float32 if self.split_k > 1 else self.out_dtype
+        staged = rows * (cols + OUT_PAD) * self.staged_dtype.width // 8
         if self.aligned_n and staged > need:
             raise ValueError(f"HopperGemm: {self.stages} stages cannot stage a {tile_mn} out tile")
-        self.mma_warpgroups = tile_m // 64
         self.threads = (self.mma_warpgroups + 1) * WARPGROUP
         self.mma_threads = self.mma_warpgroups * WARPGROUP
         self.producer_warp = self.mma_warpgroups * 4  # first warp of the producer warpgroup
-        self.x_mcast = self.cluster_mn[1]  # CTAs sharing one x tile (same M, other N)
-        self.w_mcast = self.cluster_mn[0]  # CTAs sharing one w tile (same N, other M)
+        self.a_mcast = self.cluster_mn[1]  # CTAs sharing one A tile (same M, other N)
+        self.b_mcast = self.cluster_mn[0]  # CTAs sharing one B tile (same N, other M)
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -175,63 +226,62 @@ class HopperGemm:
             raise TypeError("HopperGemm: out must be bf16")
         if cutlass.const_expr(self.scaled != (x_scale is not None)):
             raise TypeError("HopperGemm: fp8 takes x_scale and w_scale, bf16 does not")
+        a, b = (w, x) if self.swap_ab else (x, w)
         tile_m, tile_n, tile_k = self.tile_shape_mnk
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
             self.ab_dtype,
-            LayoutEnum.from_tensor(x).sm90_mma_major_mode(),
-            LayoutEnum.from_tensor(w).sm90_mma_major_mode(),
+            LayoutEnum.from_tensor(a).sm90_mma_major_mode(),
+            LayoutEnum.from_tensor(b).sm90_mma_major_mode(),
             self.acc_dtype,
             (self.mma_warpgroups, 1, 1),
             tiler_mn=(64, tile_n),
         )
-        x_smem = sm90_utils.make_smem_layout_a(
-            LayoutEnum.from_tensor(x),
+        a_smem = sm90_utils.make_smem_layout_a(
+            LayoutEnum.from_tensor(a),
             self.tile_shape_mnk,
             self.ab_dtype,
             self.stages,
         )
-        w_smem = sm90_utils.make_smem_layout_b(
-            LayoutEnum.from_tensor(w),
+        b_smem = sm90_utils.make_smem_layout_b(
+            LayoutEnum.from_tensor(b),
             self.tile_shape_mnk,
             self.ab_dtype,
             self.stages,
         )
-        tma_x, tma_mx = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            self._tma_load_op(self.x_mcast),
-            x,
-            cute.slice_(x_smem, (None, None, 0)),
+        tma_a, tma_ma = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            self._tma_load_op(self.a_mcast),
+            a,
+            cute.slice_(a_smem, (None, None, 0)),
             (tile_m, tile_k),
-            num_multicast=self.x_mcast,
+            num_multicast=self.a_mcast,
         )
-        tma_w, tma_mw = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            self._tma_load_op(self.w_mcast),
-            w,
-            cute.slice_(w_smem, (None, None, 0)),
+        tma_b, tma_mb = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            self._tma_load_op(self.b_mcast),
+            b,
+            cute.slice_(b_smem, (None, None, 0)),
             (tile_n, tile_k),
-            num_multicast=self.w_mcast,
+            num_multicast=self.b_mcast,
         )
 
         @cute.struct
         class SharedStorage:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sX: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(x_smem)], 1024]
-            sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(w_smem)], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem)], 1024]
 
         self.shared_storage = SharedStorage
         cluster_m, cluster_n = self.cluster_mn
-        m = x.shape[0]
-        n = w.shape[0]
-        grid_m = (m + (tile_m - 1)) // tile_m
-        grid_n = (n + (tile_n - 1)) // tile_n
+        grid_m = (a.shape[0] + (tile_m - 1)) // tile_m
+        grid_n = (b.shape[0] + (tile_n - 1)) // tile_n
         grid_m = (grid_m + (cluster_m - 1)) // cluster_m * cluster_m
         grid_n = (grid_n + (cluster_n - 1)) // cluster_n * cluster_n
         self.kernel(
-            tma_x, tma_mx, tma_w, tma_mw, x_scale, w_scale, bias, out, tiled_mma, x_smem, w_smem
+            tma_a, tma_ma, tma_b, tma_mb, x_scale, w_scale, bias, out, tiled_mma, a_smem, b_smem
         ).launch(
-            grid=[grid_m, grid_n, 1],
+            grid=[grid_m, grid_n, self.split_k],
             block=[self.threads, 1, 1],
-            cluster=[cluster_m, cluster_n, 1],
+            cluster=[cluster_m, cluster_n, self.split_k],
             stream=stream,
             use_pdl=self.pdl,
         )
@@ -295,38 +345,87 @@ class HopperGemm:
                 tCgOut[i] = self._epilogue_value(acc[i], scale, mBias, col, N)
 
     @cute.jit
-    def _store_through_smem(self, acc, scale, thr_mma, smem, mBias, mOut, tile, tidx):
-        """N % 8 == 0: the tile goes to shared memory (padded rows: no bank conflicts), then
-        each consumer thread stores 16-byte row segments: whole, coalesced rows of out.
-
-        The operand slots are reused for it: every TMA write into them has landed (each k-tile's
-        full barrier was waited on) and, after the barrier below, no wgmma reads them.
-        """
+    def _stage(self, acc, scale, thr_mma, smem, mBias, mOut, tile):
+        """Accumulators -> the staged tile, kept in out's row-major order whatever the operand
+        order: bf16(acc * scale + bias) (split_k = 1) or the fp32 partial (split_k > 1)."""
         M, N = mOut.shape
         tile_m, tile_n = self.tile_shape_mnk[:2]
-        sOut = cute.make_tensor(
-            cute.recast_ptr(smem, dtype=self.out_dtype),
-            cute.make_layout((tile_m, tile_n), stride=(tile_n + OUT_PAD, 1)),
+        row_stride = self.out_tile[1] + OUT_PAD
+        stride = (1, row_stride) if cutlass.const_expr(self.swap_ab) else (row_stride, 1)
+        staged = cute.make_tensor(
+            cute.recast_ptr(smem, dtype=self.staged_dtype),
+            cute.make_layout((tile_m, tile_n), stride=stride),
         )
-        tCsOut = thr_mma.partition_C(sOut)
+        tCsOut = thr_mma.partition_C(staged)
+        extent = (N, M) if cutlass.const_expr(self.swap_ab) else (M, N)
         tCcOut = thr_mma.partition_C(
-            cute.local_tile(cute.make_identity_tensor((M, N)), (tile_m, tile_n), tile)
+            cute.local_tile(cute.make_identity_tensor(extent), (tile_m, tile_n), tile)
         )
-        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
         for i in cutlass.range(cute.size(acc), unroll_full=True):
-            tCsOut[i] = self._epilogue_value(acc[i], scale, mBias, tCcOut[i][1], N)
-        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
-        per_row = tile_n // OUT_VECTOR
+            if cutlass.const_expr(self.split_k > 1):
+                tCsOut[i] = acc[i]
+            else:
+                col = tCcOut[i][0] if cutlass.const_expr(self.swap_ab) else tCcOut[i][1]
+                tCsOut[i] = self._epilogue_value(acc[i], scale, mBias, col, N)
+
+    @cute.jit
+    def _peer_segment(self, smem_f32, offset, peer):
+        """8 fp32 of a peer CTA's staged partial (two 16-byte ld.shared::cluster)."""
+        values = []
+        for half in cutlass.range_constexpr(2):
+            remote = cute.arch.map_dsmem_ptr(smem_f32 + (offset + 4 * half), peer)
+            values.extend(
+                cute.arch.inline_ptx(
+                    "ld.shared::cluster.v4.f32 { {$w0}, {$w1}, {$w2}, {$w3} }, [{$r0}];",
+                    write_only_types=[Float32] * 4,
+                    read_only_args=[remote],
+                )
+            )
+        return values
+
+    @cute.jit
+    def _store_staged(self, scale, smem, mBias, mOut, tile, tidx, rank):
+        """Each consumer thread stores 16-byte row segments of the staged tile: whole, coalesced
+        rows of out. Under split-K, CTA `rank` stores its 1/S of the rows, each the sum of the
+        S partials in rank order, then scaled, biased and rounded."""
+        M, N = mOut.shape
+        rows, cols = self.out_tile
+        row_stride = cols + OUT_PAD
+        my_rows = rows // self.split_k
+        per_row = cols // OUT_VECTOR
         rows_per_pass = self.mma_threads // per_row
         first_row = tidx // per_row
         segment = tidx % per_row
-        column = tile[1] * tile_n + segment * OUT_VECTOR
-        for step in cutlass.range_constexpr(tile_m // rows_per_pass):
-            row = first_row + step * rows_per_pass
-            out_row = tile[0] * tile_m + row
-            if out_row < M and column < N:
+        tile_row, tile_col = (tile[1], tile[0]) if cutlass.const_expr(self.swap_ab) else tile
+        column = tile_col * cols + segment * OUT_VECTOR
+        sOut = cute.make_tensor(
+            cute.recast_ptr(smem, dtype=self.staged_dtype),
+            cute.make_layout((rows, cols), stride=(row_stride, 1)),
+        )
+        smem_f32 = cute.recast_ptr(smem, dtype=Float32)
+        for step in cutlass.range_constexpr((my_rows + rows_per_pass - 1) // rows_per_pass):
+            local = first_row + step * rows_per_pass
+            row = rank * my_rows + local
+            out_row = tile_row * rows + row
+            if local < my_rows and out_row < M and column < N:
                 staged = cute.make_rmem_tensor((1, OUT_VECTOR), self.out_dtype)
-                cute.autovec_copy(cute.local_tile(sOut, (1, OUT_VECTOR), (row, segment)), staged)
+                if cutlass.const_expr(self.split_k == 1):
+                    cute.autovec_copy(
+                        cute.local_tile(sOut, (1, OUT_VECTOR), (row, segment)), staged
+                    )
+                else:
+                    offset = row * row_stride + segment * OUT_VECTOR
+                    total = self._peer_segment(smem_f32, offset, 0)
+                    for peer in cutlass.range_constexpr(1, self.split_k):
+                        part = self._peer_segment(smem_f32, offset, peer)
+                        total = [t + p for t, p in zip(total, part)]
+                    for j in cutlass.range_constexpr(OUT_VECTOR):
+                        value = total[j]
+                        if cutlass.const_expr(self.scaled):
+                            value = value * scale
+                        if cutlass.const_expr(self.has_bias):
+                            value = value + mBias[column + j].to(Float32)
+                        staged[0, j] = value.to(self.out_dtype)
                 cute.autovec_copy(
                     staged, cute.local_tile(mOut, (1, OUT_VECTOR), (out_row, column // OUT_VECTOR))
                 )
@@ -334,43 +433,45 @@ class HopperGemm:
     @cute.kernel
     def kernel(
         self,
-        tma_x: cute.CopyAtom,
-        mX: cute.Tensor,
-        tma_w: cute.CopyAtom,
-        mW: cute.Tensor,
+        tma_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mB: cute.Tensor,
         mXScale: cute.Tensor | None,
         mWScale: cute.Tensor | None,
         mBias: cute.Tensor,
         mOut: cute.Tensor,
         tiled_mma: cute.TiledMma,
-        x_smem: cute.ComposedLayout,
-        w_smem: cute.ComposedLayout,
+        a_smem: cute.ComposedLayout,
+        b_smem: cute.ComposedLayout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         tile_m_idx, tile_n_idx = self._tile_of_this_cta()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == self.producer_warp:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
 
-        # ---- cluster coordinates and multicast masks ----
+        # ---- cluster coordinates, multicast masks, this CTA's K split ----
         cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord = cta_layout_mnk.get_flat_coord(rank)
-        x_mask = None
-        w_mask = None
-        if cutlass.const_expr(self.x_mcast > 1):
-            x_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1)
-        if cutlass.const_expr(self.w_mcast > 1):
-            w_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0)
+        mcast_ctas = self.cluster_mn[0] * self.cluster_mn[1]
+        cluster_coord = cta_layout_mnk.get_flat_coord(rank % mcast_ctas)
+        split = rank // mcast_ctas  # 0 unless split_k > 1 (then the cluster is 1 x 1 x S)
+        a_mask = None
+        b_mask = None
+        if cutlass.const_expr(self.a_mcast > 1):
+            a_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1)
+        if cutlass.const_expr(self.b_mcast > 1):
+            b_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0)
 
         # ---- shared memory and the main-loop pipeline ----
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        x_stage_layout = cute.slice_(x_smem, (None, None, 0))
-        w_stage_layout = cute.slice_(w_smem, (None, None, 0))
-        tx_bytes = cute.size_in_bytes(self.ab_dtype, x_stage_layout) + cute.size_in_bytes(
-            self.ab_dtype, w_stage_layout
+        a_stage_layout = cute.slice_(a_smem, (None, None, 0))
+        b_stage_layout = cute.slice_(b_smem, (None, None, 0))
+        tx_bytes = cute.size_in_bytes(self.ab_dtype, a_stage_layout) + cute.size_in_bytes(
+            self.ab_dtype, b_stage_layout
         )
         main_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.pipeline_barriers.data_ptr(),
@@ -384,12 +485,14 @@ class HopperGemm:
         )
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
 
-        sX = storage.sX.get_tensor(x_smem.outer, swizzle=x_smem.inner)
-        sW = storage.sW.get_tensor(w_smem.outer, swizzle=w_smem.inner)
+        sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         tile_coord = (tile_m_idx, tile_n_idx, None)
-        gX = cute.local_tile(mX, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
-        gW = cute.local_tile(mW, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
-        k_tiles = cute.size(gX, mode=[2])
+        gA = cute.local_tile(mA, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
+        gB = cute.local_tile(mB, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
+        k_total = cute.size(gA, mode=[2])
+        k_begin = split * k_total // self.split_k
+        k_tiles = (split + 1) * k_total // self.split_k - k_begin
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
         if cutlass.const_expr(self.pdl):
@@ -401,39 +504,39 @@ class HopperGemm:
             # ================= producer warpgroup =================
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == self.producer_warp:
-                tXsX, tXgX = cute.nvgpu.cpasync.tma_partition(
-                    tma_x,
+                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+                    tma_a,
                     cluster_coord[1],
                     cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
-                    cute.group_modes(sX, 0, 2),
-                    cute.group_modes(gX, 0, 2),
+                    cute.group_modes(sA, 0, 2),
+                    cute.group_modes(gA, 0, 2),
                 )
-                tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
-                    tma_w,
+                tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+                    tma_b,
                     cluster_coord[0],
                     cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
-                    cute.group_modes(sW, 0, 2),
-                    cute.group_modes(gW, 0, 2),
+                    cute.group_modes(sB, 0, 2),
+                    cute.group_modes(gB, 0, 2),
                 )
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                for k_tile in cutlass.range(k_tiles, unroll=1):
+                for k_tile in cutlass.range(k_begin, k_begin + k_tiles, unroll=1):
                     main_pipe.producer_acquire(state)
                     full = main_pipe.producer_get_barrier(state)
                     cute.copy(
-                        tma_x,
-                        tXgX[(None, k_tile)],
-                        tXsX[(None, state.index)],
+                        tma_a,
+                        tAgA[(None, k_tile)],
+                        tAsA[(None, state.index)],
                         tma_bar_ptr=full,
-                        mcast_mask=x_mask,
+                        mcast_mask=a_mask,
                     )
                     cute.copy(
-                        tma_w,
-                        tWgW[(None, k_tile)],
-                        tWsW[(None, state.index)],
+                        tma_b,
+                        tBgB[(None, k_tile)],
+                        tBsB[(None, state.index)],
                         tma_bar_ptr=full,
-                        mcast_mask=w_mask,
+                        mcast_mask=b_mask,
                     )
                     main_pipe.producer_commit(state)
                     state.advance()
@@ -442,37 +545,60 @@ class HopperGemm:
                 # Wait until the consumers released every slot: no TMA write is still in
                 # flight into this CTA (or a peer) when the CTA exits.
                 main_pipe.producer_tail(state)
+            if cutlass.const_expr(self.split_k > 1):
+                # The consumers' "partials staged" cluster barrier counts every thread.
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
         else:
             # ================= consumer warpgroups =================
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.mma_warpgroups])
             thr_mma = tiled_mma.get_slice(tidx)
-            tCrX = tiled_mma.make_fragment_A(thr_mma.partition_A(sX))
-            tCrW = tiled_mma.make_fragment_B(thr_mma.partition_B(sW))
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), self.acc_dtype
             )
             acc.fill(0.0)
-            k_blocks = cute.size(tCrX, mode=[2])
+            k_blocks = cute.size(tCrA, mode=[2])
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            for k_tile in cutlass.range(k_tiles, unroll=1):
-                main_pipe.consumer_wait(read)
-                cute.nvgpu.warpgroup.fence()
-                for k_block in cutlass.range_constexpr(k_blocks):
-                    slot = (None, None, k_block, read.index)
-                    cute.gemm(tiled_mma, acc, tCrX[slot], tCrW[slot], acc)
-                cute.nvgpu.warpgroup.commit_group()
-                # Keep one wgmma batch in flight; the batch before it has now finished
-                # reading its slot, which may be refilled.
-                cute.nvgpu.warpgroup.wait_group(1)
-                if k_tile > 0:
+            if cutlass.const_expr(self.promote):
+                # Each k-tile into a zeroed second set, then added in full fp32.
+                part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
+                for k_tile in cutlass.range(k_tiles, unroll=1):
+                    main_pipe.consumer_wait(read)
+                    part.fill(0.0)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read.index)
+                        cute.gemm(tiled_mma, part, tCrA[slot], tCrB[slot], part)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    main_pipe.consumer_release(read)
+                    read.advance()
+                    for i in cutlass.range(cute.size(acc), unroll_full=True):
+                        acc[i] = acc[i] + part[i]
+            else:
+                release = pipeline.make_pipeline_state(
+                    pipeline.PipelineUserType.Consumer, self.stages
+                )
+                for k_tile in cutlass.range(k_tiles, unroll=1):
+                    main_pipe.consumer_wait(read)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    # Keep one wgmma batch in flight; the batch before it has now finished
+                    # reading its slot, which may be refilled.
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if k_tile > 0:
+                        main_pipe.consumer_release(release)
+                        release.advance()
+                    read.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_tiles > 0:
                     main_pipe.consumer_release(release)
-                    release.advance()
-                read.advance()
-            cute.nvgpu.warpgroup.wait_group(0)
-            if k_tiles > 0:
-                main_pipe.consumer_release(release)
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
 
@@ -482,12 +608,23 @@ class HopperGemm:
                 scale = mXScale[0] * mWScale[0]
             tile = (tile_m_idx, tile_n_idx)
             if cutlass.const_expr(self.aligned_n):
-                self._store_through_smem(acc, scale, thr_mma, storage.sX.data_ptr(), mBias, mOut,
-                                         tile, tidx)  # fmt: skip
+                # Every consumer warpgroup's wgmma has retired: the operand slots are free.
+                staging = storage.sA.data_ptr()
+                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
+                self._stage(acc, scale, thr_mma, staging, mBias, mOut, tile)
+                if cutlass.const_expr(self.split_k > 1):
+                    cute.arch.cluster_arrive()  # release: this CTA's partial is visible
+                    cute.arch.cluster_wait()  # acquire: every peer's partial is
+                else:
+                    cute.arch.barrier(
+                        barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads
+                    )
+                self._store_staged(scale, staging, mBias, mOut, tile, tidx, split)
             else:
                 self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
 
-        # Peers multicast into this CTA's shared memory: stay resident until they are done.
-        if cutlass.const_expr(self.cluster_mn[0] * self.cluster_mn[1] > 1):
-            cute.arch.cluster_arrive_relaxed()
+        # Peers multicast into, or read the partial in, this CTA's shared memory: stay resident
+        # until they are done.
+        if cutlass.const_expr(self.cluster_mn[0] * self.cluster_mn[1] * self.split_k > 1):
+            cute.arch.cluster_arrive()
             cute.arch.cluster_wait()

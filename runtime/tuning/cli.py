@@ -180,9 +180,13 @@ def provenance(found: KernelFamily, arch: str, shapes, candidates: int) -> dict:
     return facts
 
 
-def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Console) -> Table:
+def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Console,
+         ms: tuple[int, ...] = (), base: Table | None = None) -> Table:
+    """`ms`: tune only problems of these M (all the family's when empty); `base`: a table whose
+    rows are kept where nothing tuned now covers them."""
     tuner = Tuner(found, arch, results_path, console)
-    problems = [p for shape in shapes for p in found.tune_problems(shape)]
+    problems = [p for shape in shapes for p in found.tune_problems(shape)
+                if not ms or p[0] in ms]  # fmt: skip
     candidates = {p: found.tune_candidates(p, arch) for p in problems}
     total = sum(len(c) for c in candidates.values())
     winners = []
@@ -201,7 +205,12 @@ def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Co
             best = min(timings, key=timings.get)
             key = next(k for k in candidates[problem] if k.id == best)
             winners.append((problem, key, timings))
-    return found.tuned_table(arch, winners, provenance(found, arch, shapes, total))
+    facts = provenance(found, arch, shapes, total)
+    if ms:
+        facts["m"] = sorted(ms)
+    if base is None:
+        return found.tuned_table(arch, winners, facts)
+    return found.tuned_table(arch, winners, facts, base=base)
 
 
 def _current_arch() -> str:
@@ -249,7 +258,13 @@ def _parse_shapes(found: KernelFamily, texts) -> list:
 )
 @click.option("--results", "results_path", type=click.Path(dir_okay=False),
               help="Measurements, one JSON line each (default: OUT.results.jsonl); resumes.")  # fmt: skip
-def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results_path):
+@click.option("--m", "ms", type=int, multiple=True,
+              help="Tune only problems of this M (repeatable; default: every M the family tunes).")  # fmt: skip
+@click.option("--base", "base_path", type=click.Path(exists=True, dir_okay=False),
+              help="A tables file whose table for this family keeps its rows where nothing "
+                   "tuned now covers them (with --m: re-tune some M ranges only).")  # fmt: skip
+def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results_path, ms,
+         base_path):
     """Measure a family's tactics on this GPU and write the winners as a dispatch table."""
     console = Console(stderr=True)
     try:
@@ -268,8 +283,15 @@ def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results
             from cute_aot.runtime import load_bundles
 
             load_bundles(*bundle_paths, gpu_arch=arch)
+        base = None
+        if base_path:
+            base = next((t for t in read_tables(base_path) if (t.family, t.arch) == (found.name, arch)),
+                        None)  # fmt: skip
+            if base is None:
+                raise click.BadParameter(f"{base_path} has no {found.name} table for {arch}",
+                                         param_hint="--base")  # fmt: skip
         results = Path(results_path or f"{out_path}.results.jsonl")
-        table = tune(found, arch, shapes, results, console)
+        table = tune(found, arch, shapes, results, console, tuple(ms), base)
         kept = []
         if Path(out_path).exists():
             kept = [t for t in read_tables(out_path) if (t.family, t.arch) != (found.name, arch)]
