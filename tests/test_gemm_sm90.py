@@ -59,7 +59,7 @@ def test_key_is_frozen_with_a_stable_canonical_form():
     assert fields["family"] == "gemm_sm90"
     assert set(fields) == {
         "family", "dtype", "has_bias", "tile_m", "tile_n", "cluster_m", "cluster_n", "stages",
-        "pdl", "raster_m", "aligned_n", "swap_ab", "split_k", "promote", "out_dtype",
+        "pdl", "raster_m", "aligned_n", "swap_ab", "split_k", "promote", "persistent", "out_dtype",
         "align_bytes", "version",
     }  # fmt: skip
     assert GemmSm90Key.from_fields(fields) == key
@@ -125,12 +125,13 @@ def test_tactic_follows_m():
     assert narrow.key.tile_n == 128 and "narrows tile_n to 128" in narrow.reason
 
 
-def test_untuned_shapes_take_the_nearest_tuned_row():
+def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     """A shape with no row of its own runs what won for the tuned shape nearest in log N (then
-    log K) at the same M; an exact row always wins over a neighbour."""
+    log K) at the same M, or from M = 512 the persistent tile that wastes the least of its last
+    wave; an exact row always wins."""
     table = family.default_table(ARCH)
     rows = table.data["shape_rows"]
-    for m in (1, 100, 3000):
+    for m in (1, 100):
         dispatch = family.dispatch(GemmProblem(m, 2560, 2048), ARCH)
         held = [r for r in rows if r["m"][0] <= m and (r["m"][1] is None or m <= r["m"][1])]
         near = min(held, key=lambda r: (abs(math.log(2560 / r["n"])) + 0.5 * abs(
@@ -138,6 +139,13 @@ def test_untuned_shapes_take_the_nearest_tuned_row():
         assert f"nearest tuned shape N={near['n']} K={near['k']}" in dispatch.reason
         assert (dispatch.key.tile_m, dispatch.key.tile_n, dispatch.key.swap_ab) == (
             near["tile_m"], near["tile_n"], near.get("swap_ab", False))  # fmt: skip
+    # 4608 x 512: 144 tiles of 128 x 128 would take two waves for 1.09 waves of work; 72 tiles
+    # of 128 x 256 take one.
+    wide = family.dispatch(GemmProblem(512, 4608, 3584), ARCH)
+    assert "wave model: 72 persistent tiles of 128x256 in 1 wave(s)" in wide.reason
+    assert (wide.key.persistent, wide.key.cluster_m, wide.key.split_k) == (True, 2, 1)
+    fp8 = fp8_family.dispatch(GemmProblem(512, 4608, 3584, FP8_DTYPE), ARCH).key
+    assert fp8.promote and fp8.tile_n == 128  # untuned fp8 is promoted: no accuracy check ran
     exact = family.dispatch(GemmProblem(1, 4096, 4096), ARCH)
     assert exact.reason.startswith("tuned row for N=4096 K=4096")
     unaligned = family.dispatch(GemmProblem(1, 1001, 4096), ARCH)

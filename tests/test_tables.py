@@ -269,3 +269,37 @@ def test_a_build_from_a_miss_log_records_no_table(monkeypatch, tmp_path):
     manifest = read_manifest(_cli_build(monkeypatch, tmp_path, "--from-misses", str(log)))
     assert [e.key_id for e in manifest.entries] == [key.id]
     assert "table" not in manifest.families["router_gemm"]
+
+
+def test_retuning_some_m_keeps_the_other_rows_of_the_base_table():
+    """aot-tune --m 128 --base tables.json: the new row replaces the base's rows it overlaps
+    at that (N, K); every other row of the base stays, and the provenance says so."""
+    base = GEMM.default_table(ARCH)
+    best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, 8, True, 8, True)
+    table = GEMM.tuned_table(ARCH, [(GemmProblem(128, 4096, 4096), best, {best.id: 9.0})],
+                             {"source": "aot-tune"}, base=base)  # fmt: skip
+    rows = table.data["shape_rows"]
+    replaced = [r for r in base.data["shape_rows"] if (r["n"], r["k"], r["m"]) == (4096, 4096, [65, 128])]
+    assert replaced and len(rows) == len(base.data["shape_rows"])
+    (new,) = [r for r in rows if (r["n"], r["k"], r["m"]) == (4096, 4096, [65, 128])]
+    assert (new["tile_m"], new["tile_n"], new["us"]) == (64, 64, 9.0)
+    others = [r for r in rows if r is not new]
+    assert others == [r for r in base.data["shape_rows"] if r not in replaced]
+    assert table.provenance["kept_rows_from"] == base.provenance
+
+
+def test_tune_where_filters_candidates_by_key_fields():
+    from cute_aot.runtime.tuning.cli import matches, parse_where
+
+    click = pytest.importorskip("click")
+    keys = GEMM.tune_candidates(GemmProblem(512, 4096, 4096), ARCH)
+    where = parse_where(["persistent=1", "tile_m=128"])
+    chosen = [key for key in keys if matches(key, where)]
+    assert chosen and all(key.persistent and key.tile_m == 128 for key in chosen)
+    assert [key for key in keys if matches(key, parse_where(["persistent=false"]))] == [
+        key for key in keys if not key.persistent
+    ]
+    with pytest.raises(click.BadParameter, match="no field 'tiles'"):
+        matches(keys[0], parse_where(["tiles=2"]))
+    with pytest.raises(click.BadParameter, match="not FIELD=VALUE"):
+        parse_where(["persistent"])

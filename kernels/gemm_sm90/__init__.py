@@ -5,9 +5,14 @@
 Registered under the `cute_aot.families` entry points as ``gemm_sm90`` and ``gemm_sm90_fp8``
 (pyproject.toml), exactly as another project's family would be.
 
-Dispatch reads a table (kernels/tables.py): the hand-written rule (TACTICS below: the tile and
-cluster shape by M, narrower tiles for small N) plus per-(N, K, M range) rows measured by
-`aot-tune` on an H200, shipped in tables.json; bundles record the table they were built with.
+Dispatch reads a table (kernels/tables.py): per-(N, K, M range) rows measured by `aot-tune` on
+an H200, shipped in tables.json (a shape with no row of its own takes the row of the nearest
+tuned shape at its M), else the hand-written rule (TACTICS below: swap-AB with K split for
+decode-sized M, 128 x 128 split until ~72 CTAs for mid M, 128 x 256 multicast tiles for large M,
+narrower where they would leave SMs idle). Bundles record the table they were built with.
+
+A tactic is the kernel's compile-time choice (kernel.py): tile and cluster shape, raster group,
+swap-AB, split-K, persistent grid, fp8 promotion; each is a field of the key.
 
 Two families share one kernel (kernel.py) because their exported functions' ABIs differ:
 
@@ -41,7 +46,7 @@ from cute_aot.kernels.tables import Table, packaged_tables
 FAMILY = "gemm_sm90"
 FP8_FAMILY = "gemm_sm90_fp8"
 # Bump when the kernel's code generation changes in a way the other key fields do not capture.
-FAMILY_VERSION = 2  # 2: swap-AB, split-K through distributed shared memory, fp8 promotion
+FAMILY_VERSION = 2  # 2: swap-AB, split-K in distributed smem, fp8 promotion, persistent grid
 
 BF16_DTYPE = "bfloat16"
 FP8_DTYPE = "float8_e4m3fn"
@@ -122,10 +127,12 @@ def auto_split(tiles: int, k_tiles: int) -> int:
     )  # fmt: skip
 
 
-def stages_for(dtype: str, tile_m: int, tile_n: int) -> int:
-    """As many pipeline stages as shared memory holds, at most MAX_STAGES."""
+def stages_for(dtype: str, tile_m: int, tile_n: int, persistent: bool = False) -> int:
+    """As many pipeline stages as shared memory holds, at most MAX_STAGES; a persistent CTA
+    keeps its own buffer for the staged bf16 out tile (kernel.py: staged_bytes)."""
     per_stage = (tile_m + tile_n) * TILE_K[dtype] * ELEMENT_BYTES[dtype]
-    return min(MAX_STAGES, (SMEM_CAPACITY - BARRIER_RESERVE) // per_stage)
+    staging = max(tile_m * (tile_n + 8), tile_n * (tile_m + 8)) * 2 if persistent else 0
+    return min(MAX_STAGES, (SMEM_CAPACITY - BARRIER_RESERVE - staging) // per_stage)
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,7 @@ class GemmSm90Key(KernelKey):
     swap_ab: bool = False  # the kernel computes out^T = w @ x^T: tile_m along N, tile_n along M
     split_k: int = 1  # CTAs (a 1x1xS cluster) per output tile, reduced in distributed smem
     promote: bool = False  # fp8: each k-tile's sum added to fp32 accumulators (kernel.py)
+    persistent: bool = False  # at most 132 CTAs, each walking tiles; epilogue under next loads
     out_dtype: str = OUT_DTYPE
     align_bytes: int = ALIGN_BYTES
     version: int = FAMILY_VERSION
@@ -159,6 +167,7 @@ class GemmSm90Key(KernelKey):
             f"{' swap-AB' if self.swap_ab else ''}"
             f"{f' split-K {self.split_k}' if self.split_k > 1 else ''}"
             f"{' promoted' if self.promote else ''}"
+            f"{' persistent' if self.persistent else ''}"
         )
 
 
@@ -197,6 +206,10 @@ def tactic_refusal(key: GemmSm90Key) -> str | None:
         return f"split_k={key.split_k} must divide the out tile's {rows} rows"
     if key.promote and (key.dtype != FP8_DTYPE or not can_promote(key.tile_m, key.tile_n)):
         return "promotion is for fp8 tiles of at most 64 accumulators per thread"
+    if key.persistent and key.split_k > 1:
+        return "a persistent grid walks whole tiles: split_k must be 1"
+    if key.stages != stages_for(key.dtype, key.tile_m, key.tile_n, key.persistent):
+        return "stages must fill shared memory (stages_for)"
     return None
 
 
@@ -258,6 +271,31 @@ def _shape_row(data: dict, m: int, n: int, k: int) -> dict | None:
     return None
 
 
+# Measured cost of a persistent tile, in ns per 10^6 tile elements per k-tile and wave: medians
+# over the 23 default shapes at M 512..8192 (aot-tune, H200, bf16). The larger tiles are the
+# cheapest per element; the smaller ones win only when they fill the waves better.
+WAVE_TILE_COST = {(128, 256): 23.8, (128, 128): 24.0, (64, 256): 30.0, (64, 128): 36.0}
+WAVE_MODEL_MIN_M = 512  # below it the grid is rarely wave-bound; the nearest tuned row decides
+
+
+def wave_model_tactic(m: int, n: int) -> tuple[dict, str]:
+    """For a large-M shape nobody tuned: the persistent tile with the least cost x tile x waves
+    (whole waves of SMS tiles: a tile count just past a wave costs the whole next wave), w tile
+    multicast to a 2x1 cluster where there are two M tiles to share it. Within 3% (geomean) of
+    the measured best on the tuned shapes, where a fixed tile or the nearest row lost up to 45%."""
+
+    def cost(tile):
+        tiles = -(-m // tile[0]) * -(-n // tile[1])
+        return WAVE_TILE_COST[tile] * tile[0] * tile[1] * -(-tiles // SMS)
+
+    tile_m, tile_n = min(WAVE_TILE_COST, key=cost)
+    cluster_m = 2 if -(-m // tile_m) >= 2 else 1
+    tiles = -(-m // tile_m) * -(-n // tile_n)
+    tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "cluster_n": 1,
+              "swap_ab": False, "split_k": 1, "persistent": True}  # fmt: skip
+    return tactic, f"wave model: {tiles} persistent tiles of {tile_m}x{tile_n} in {-(-tiles // SMS)} wave(s)"
+
+
 def _nearest_row(data: dict, m: int, n: int, k: int) -> dict | None:
     """For a shape nobody tuned: the row of the tuned shape closest in log N (and, half as
     much, log K) at this M. The tile that won for a similar grid of tiles beats a fixed rule:
@@ -269,8 +307,9 @@ def _nearest_row(data: dict, m: int, n: int, k: int) -> dict | None:
                                     r["n"], r["k"]))  # fmt: skip
 
 
-TACTIC_FIELDS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab", "split_k", "promote")
-TACTIC_DEFAULTS = {"swap_ab": False, "split_k": 1, "promote": False}  # rows of FAMILY_VERSION 1
+TACTIC_FIELDS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab", "split_k", "promote",
+                 "persistent")  # fmt: skip
+TACTIC_DEFAULTS = {"swap_ab": False, "split_k": 1, "promote": False, "persistent": False}
 
 
 def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> str:
@@ -300,7 +339,16 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
     data = table.data
     aligned_n = n % OUT_VECTOR == 0
     row = _shape_row(data, m, n, k)
-    nearest = row is None and aligned_n  # unaligned N: swap-AB / split-K rows do not apply
+    untuned = row is None and aligned_n and data.get("shape_rows")  # (the any-N kernel: no)
+    if untuned and m >= WAVE_MODEL_MIN_M:
+        tactic, why = wave_model_tactic(m, n)
+        tactic["promote"] = dtype == FP8_DTYPE  # fast accumulation: not without a measurement
+        if tactic["promote"] and not can_promote(tactic["tile_m"], tactic["tile_n"]):
+            tactic["tile_n"] = 128
+            why += "; fp8 promotion narrows tile_n to 128"
+        stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], True)
+        return tactic, stages, data["raster_m"], f"N={n} K={k} not tuned: {why}"
+    nearest = bool(untuned)
     if nearest:
         row = _nearest_row(data, m, n, k)
     if row is not None:
@@ -312,7 +360,7 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
         k_tiles = -(-k // TILE_K[dtype])
         while tactic["split_k"] > 1 and k_tiles < MIN_K_TILES_PER_SPLIT * tactic["split_k"]:
             tactic["split_k"] //= 2  # the neighbour's K was longer
-        stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"])
+        stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
         return tactic, stages, row.get("raster_m", data["raster_m"]), why
     rows = data["rows"]
     row = next(r for r in rows if r["max_m"] == 0 or m <= r["max_m"])
@@ -331,7 +379,7 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
         why += "; fp8 promotion narrows tile_n to 128"
     notes = _fit(tactic, m, n, k, dtype, aligned_n)
     why += f"; {notes}" if notes else ""
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"])
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
     return tactic, stages, data["raster_m"], why
 
 
@@ -350,7 +398,7 @@ def dispatch_problem(
     key = key_class(
         dtype, bool(has_bias), tactic["tile_m"], tactic["tile_n"], tactic["cluster_m"],
         tactic["cluster_n"], stages, PDL, raster_m, aligned_n, bool(tactic["swap_ab"]),
-        int(tactic["split_k"]), bool(tactic["promote"]),
+        int(tactic["split_k"]), bool(tactic["promote"]), bool(tactic["persistent"]),
     )  # fmt: skip
     reason = (
         f"{why} -> {key.describe()}, tile_k {TILE_K[dtype]}; {stages} stages fill shared memory; "
@@ -534,7 +582,7 @@ class GemmSm90Family(KernelFamily):
             if m <= 64:
                 return key.tile_m == 64 and key.tile_n <= 128 and key.cluster_m == key.cluster_n
             if m <= 256:
-                return True
+                return not key.persistent
             return key.split_k == 1 or key.tile_m == 128
 
         return [
@@ -594,31 +642,37 @@ class GemmSm90Family(KernelFamily):
             return []
         promotes = (False, True) if self.dtype == FP8_DTYPE else (False,)
         unsplit = [
-            (tile_m, tile_n, cluster_m, cluster_n, raster_m, False, 1)
+            (tile_m, tile_n, cluster_m, cluster_n, raster_m, False, 1, False)
             for tile_m in (64, 128)
             for tile_n in (64, 128, 256)
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
             for raster_m in ((RASTER_M, 2 * RASTER_M, BLOCK_ORDER) if tile_m * tile_n >= 128 * 128
                              else (RASTER_M,))
         ]  # fmt: skip
+        persistent = [
+            (tile_m, tile_n, cluster_m, cluster_n, RASTER_M, False, 1, True)
+            for tile_m in (64, 128)
+            for tile_n in (128, 256)
+            for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
+        ]
         split = [
-            (tile_m, tile_n, 1, 1, RASTER_M, False, split_k)
+            (tile_m, tile_n, 1, 1, RASTER_M, False, split_k, False)
             for tile_m in (64, 128)
             for tile_n in (64, 128)
             for split_k in SPLITS[1:]
         ]
         swapped = [
-            (tile_m, tile_n, 1, 1, RASTER_M, True, split_k)
+            (tile_m, tile_n, 1, 1, RASTER_M, True, split_k, False)
             for tile_m in (64, 128)
             for tile_n in SWAP_TILE_N
             for split_k in SPLITS
         ]
         keys = [
             self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
-                     stages_for(self.dtype, tile_m, tile_n), PDL, raster_m, aligned_n, swap_ab,
-                     split_k, promote)
-            for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k
-            in unsplit + split + swapped
+                     stages_for(self.dtype, tile_m, tile_n, walks), PDL, raster_m, aligned_n,
+                     swap_ab, split_k, promote, walks)
+            for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k, walks
+            in unsplit + persistent + split + swapped
             for promote in promotes
             for has_bias in (False, True)
             for aligned_n in aligned

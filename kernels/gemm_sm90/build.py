@@ -42,6 +42,7 @@ def compile(key: GemmSm90Key, arch: str):
         key.swap_ab,
         key.split_k,
         key.promote,
+        key.persistent,
     )
     options = f"--gpu-arch {arch} --enable-tvm-ffi"
     if key.dtype == FP8_DTYPE:

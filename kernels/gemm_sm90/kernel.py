@@ -18,7 +18,14 @@ Design (what a reviewer can check against the code below)
   128-byte rows, 128-byte swizzle chosen by sm90_utils.make_smem_layout_a/b).
 * Grid and scheduler: grid = (ceil(Mk/tile_m) rounded up to cluster_m, ceil(Nk/tile_n) rounded
   up to cluster_n, split_k). CTAs are mapped to output tiles in groups of raster_m M tiles (see
-  _tile_of_this_cta) so that each wave reuses its operands from L2. z is the K split.
+  _tile_of) so that each wave reuses its operands from L2. z is the K split.
+* Persistent (persistent=True, split_k = 1): the grid is at most PERSISTENT_CTAS CTAs (132, the
+  H100/H200 SXM SM count; on another GPU only the wave count changes, never the result); each
+  cluster walks the cluster tiles c, c + L, c + 2L, .. (L clusters launched) in the same grouped
+  raster order. The producer's pipeline runs on across tiles, so while the consumers run one
+  tile's epilogue it is already loading the next tile's first `stages` k-tiles; the epilogue
+  stages through its own shared-memory buffer (not the operand slots, which are being refilled).
+  Short-K shapes gain most: a CTA no longer pays a pipeline fill and an exposed epilogue per tile.
 * Split-K (split_k = S > 1): the S CTAs of one output tile form a cluster (1, 1, S); CTA s runs
   k-tiles [s * T / S, (s + 1) * T / S) of the T = ceil(K / tile_k). Each stages its fp32
   partial tile in its own shared memory; after a cluster barrier, CTA s reduces rows
@@ -72,9 +79,10 @@ Design (what a reviewer can check against the code below)
   the epilogue), the producer after its last TMA was issued.  The launch sets use_pdl.
 * Barrier order per CTA: mbarrier init -> pipeline_init_arrive/wait (CTA or multicast
   cluster) -> [griddepcontrol.wait] -> main loop (full/empty mbarriers) -> named barrier 1
-  (consumers: operand slots free) -> stage -> named barrier 1 (split_k = 1) or cluster barrier
-  (split_k > 1, producer warps join) -> store -> cluster barrier (any cluster: peers done
-  with this CTA's shared memory) -> exit.
+  (consumers: operand slots free, or persistent: the staging buffer's previous tile stored)
+  -> stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
+  join) -> store -> [persistent: next tile] -> cluster barrier (any cluster: peers done with
+  this CTA's shared memory) -> exit.
 
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
 `from __future__ import annotations` here: cute.struct reads its field annotations as objects.
@@ -101,6 +109,12 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}  # keeps (C * consumer + producer) * 128 <= 64 Ki registers
 MAX_ACC_PER_THREAD = 128  # fp32 accumulators a consumer thread may hold (promotion included)
 SPLITS = (1, 2, 4, 8)  # cluster (1, 1, S): at most 8 CTAs is portable
+PERSISTENT_CTAS = 132  # CTAs a persistent grid launches at most (H100/H200 SXM SMs)
+
+
+def staged_bytes(out_tile: tuple[int, int], elem_bytes: int) -> int:
+    """Shared memory of the staged out tile (padded rows)."""
+    return out_tile[0] * (out_tile[1] + OUT_PAD) * elem_bytes
 
 
 def stage_bytes(tile_m: int, tile_n: int, tile_k: int, elem_bytes: int) -> int:
@@ -124,6 +138,7 @@ class HopperGemm:
         swap_ab: bool = False,
         split_k: int = 1,
         promote: bool = False,
+        persistent: bool = False,
     ):
         tile_m, tile_n = tile_mn
         if tile_m not in (64, 128):
@@ -138,6 +153,8 @@ class HopperGemm:
             raise ValueError(f"HopperGemm: split_k must be one of {SPLITS}, got {split_k}")
         if split_k > 1 and tuple(cluster_mn) != (1, 1):
             raise ValueError("HopperGemm: split_k > 1 uses the cluster for K; cluster must be 1x1")
+        if persistent and split_k > 1:
+            raise ValueError("HopperGemm: a persistent grid walks whole tiles: split_k must be 1")
         if (swap_ab or split_k > 1) and not aligned_n:
             raise ValueError("HopperGemm: swap_ab and split_k need N % 8 == 0 (aligned_n)")
         self.ab_dtype = ab_dtype
@@ -151,8 +168,12 @@ class HopperGemm:
         self.tile_shape_mnk = (tile_m, tile_n, self.tile_k)
         self.cluster_mn = tuple(cluster_mn)
         self.stages = int(stages)
+        self.persistent = bool(persistent)
+        self.out_tile = (tile_n, tile_m) if swap_ab else (tile_m, tile_n)
+        # A persistent CTA stages its epilogue outside the operand slots (being refilled).
+        self.epilogue_bytes = staged_bytes(self.out_tile, 2) if persistent and aligned_n else 0
         need = self.stages * stage_bytes(tile_m, tile_n, self.tile_k, ab_dtype.width // 8)
-        if self.stages < 2 or need + BARRIER_RESERVE > SMEM_CAPACITY:
+        if self.stages < 2 or need + self.epilogue_bytes + BARRIER_RESERVE > SMEM_CAPACITY:
             raise ValueError(
                 f"HopperGemm: {self.stages} stages of {tile_m}x{tile_n}x{self.tile_k} need "
                 f"{need} B of shared memory (have {SMEM_CAPACITY - BARRIER_RESERVE}, min 2 stages)"
@@ -174,17 +195,15 @@ class HopperGemm:
                 f"HopperGemm: a {tile_m}x{tile_n} tile has {per_thread} accumulators per thread; "
                 f"promotion doubles them past {MAX_ACC_PER_THREAD} (use tile_n <= 128)"
             )
-        # The out tile in out's own coordinates (rows of out, columns of out).
-        self.out_tile = (tile_n, tile_m) if self.swap_ab else (tile_m, tile_n)
-        rows, cols = self.out_tile
+        rows, cols = self.out_tile  # in out's own coordinates (rows of out, columns of out)
         if rows % self.split_k:
             raise ValueError(f"HopperGemm: split_k={split_k} must divide the tile's {rows} rows")
         # N % 8 == 0 (out rows 16-byte aligned): stage the tile in the operand slots and store
         # 16-byte segments; they must hold the padded tile (fp32 partials under split-K).
         self.aligned_n = bool(aligned_n)
         self.staged_dtype = Float32 if self.split_k > 1 else self.out_dtype
-        staged = rows * (cols + OUT_PAD) * self.staged_dtype.width // 8
-        if self.aligned_n and staged > need:
+        staged = staged_bytes(self.out_tile, self.staged_dtype.width // 8)
+        if self.aligned_n and not self.persistent and staged > need:
             raise ValueError(f"HopperGemm: {self.stages} stages cannot stage a {tile_mn} out tile")
         self.threads = (self.mma_warpgroups + 1) * WARPGROUP
         self.mma_threads = self.mma_warpgroups * WARPGROUP
@@ -269,6 +288,7 @@ class HopperGemm:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, max(self.epilogue_bytes, 16)], 1024]
 
         self.shared_storage = SharedStorage
         cluster_m, cluster_n = self.cluster_mn
@@ -276,6 +296,12 @@ class HopperGemm:
         grid_n = (b.shape[0] + (tile_n - 1)) // tile_n
         grid_m = (grid_m + (cluster_m - 1)) // cluster_m * cluster_m
         grid_n = (grid_n + (cluster_n - 1)) // cluster_n * cluster_n
+        if cutlass.const_expr(self.persistent):
+            # One row of clusters along x, each walking cluster tiles (kernel: _tiles_to_walk).
+            clusters = (grid_m // cluster_m) * (grid_n // cluster_n)
+            per_wave = PERSISTENT_CTAS // (cluster_m * cluster_n)
+            grid_m = cutlass.min(clusters, per_wave) * cluster_m
+            grid_n = cluster_n
         self.kernel(
             tma_a, tma_ma, tma_b, tma_mb, x_scale, w_scale, bias, out, tiled_mma, a_smem, b_smem
         ).launch(
@@ -294,21 +320,28 @@ class HopperGemm:
 
     # ---------------------------------------------------------------- device
     @cute.jit
-    def _tile_of_this_cta(self):
-        """The output tile (m, n) of this CTA, clusters visited in groups of raster_m M tiles.
+    def _cluster_tiles(self, mA, mB):
+        """(cluster tiles along M, along N) of the whole problem."""
+        tile_m, tile_n = self.tile_shape_mnk[:2]
+        cluster_m, cluster_n = self.cluster_mn
+        tiles_m = (mA.shape[0] + (tile_m - 1)) // tile_m
+        tiles_n = (mB.shape[0] + (tile_n - 1)) // tile_n
+        return (tiles_m + (cluster_m - 1)) // cluster_m, (tiles_n + (cluster_n - 1)) // cluster_n
 
-        CTAs launch in block order, x fastest. Taken as tiles directly, a wave would cover a
-        few N columns of every M tile and so stream all of x through L2 once per couple of N
-        tiles. Grouping (as Triton's GROUP_M) makes each wave a compact block of tiles: about
-        raster_m M tiles by (wave / raster_m) N tiles. Remapping whole clusters keeps each
-        cluster's CTAs on neighbouring tiles that share their multicast operand.
+    @cute.jit
+    def _tile_of(self, linear, clusters_m, clusters_n):
+        """The output tile (m, n) of this CTA when its cluster takes cluster tile `linear`,
+        clusters visited in groups of raster_m M tiles.
+
+        Taken in plain order, a wave would cover a few N columns of every M tile and so stream
+        all of x through L2 once per couple of N tiles. Grouping (as Triton's GROUP_M) makes
+        each wave a compact block of tiles: about raster_m M tiles by (wave / raster_m) N
+        tiles. Remapping whole clusters keeps each cluster's CTAs on neighbouring tiles that
+        share their multicast operand.
         """
         bidx, bidy, _ = cute.arch.block_idx()
-        grid_m, grid_n, _ = cute.arch.grid_dim()
         cluster_m, cluster_n = self.cluster_mn
-        clusters_m = grid_m // cluster_m
-        linear = bidx // cluster_m + (bidy // cluster_n) * clusters_m
-        per_group = self.raster_clusters * (grid_n // cluster_n)
+        per_group = self.raster_clusters * clusters_n
         first_m = (linear // per_group) * self.raster_clusters
         group_m = cutlass.min(clusters_m - first_m, self.raster_clusters)
         within = linear % per_group
@@ -318,6 +351,19 @@ class HopperGemm:
             cluster_tile_m * cluster_m + bidx % cluster_m,
             cluster_tile_n * cluster_n + bidy % cluster_n,
         )
+
+    @cute.jit
+    def _tiles_to_walk(self, mA, mB):
+        """(first cluster tile, end, step) of this CTA's cluster: one tile in a plain grid (its
+        block index, clusters in launch order), every L-th of them in a persistent one."""
+        bidx, bidy, _ = cute.arch.block_idx()
+        grid_m, _, _ = cute.arch.grid_dim()
+        cluster_m, cluster_n = self.cluster_mn
+        clusters_m, clusters_n = self._cluster_tiles(mA, mB)
+        if cutlass.const_expr(self.persistent):
+            return bidx // cluster_m, clusters_m * clusters_n, grid_m // cluster_m
+        first = bidx // cluster_m + (bidy // cluster_n) * clusters_m
+        return first, first + 1, 1
 
     @cute.jit
     def _epilogue_value(self, value, scale, mBias, col, N):
@@ -352,21 +398,25 @@ class HopperGemm:
         tile_m, tile_n = self.tile_shape_mnk[:2]
         row_stride = self.out_tile[1] + OUT_PAD
         stride = (1, row_stride) if cutlass.const_expr(self.swap_ab) else (row_stride, 1)
-        staged = cute.make_tensor(
-            cute.recast_ptr(smem, dtype=self.staged_dtype),
-            cute.make_layout((tile_m, tile_n), stride=stride),
+        tCsOut = thr_mma.partition_C(
+            cute.make_tensor(
+                cute.recast_ptr(smem, dtype=self.staged_dtype),
+                cute.make_layout((tile_m, tile_n), stride=stride),
+            )
         )
-        tCsOut = thr_mma.partition_C(staged)
         extent = (N, M) if cutlass.const_expr(self.swap_ab) else (M, N)
         tCcOut = thr_mma.partition_C(
             cute.local_tile(cute.make_identity_tensor(extent), (tile_m, tile_n), tile)
         )
+        # Built in registers first so the copy can pair neighbouring columns (4-byte stores).
+        staged = cute.make_rmem_tensor(acc.shape, self.staged_dtype)
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             if cutlass.const_expr(self.split_k > 1):
-                tCsOut[i] = acc[i]
+                staged[i] = acc[i]
             else:
                 col = tCcOut[i][0] if cutlass.const_expr(self.swap_ab) else tCcOut[i][1]
-                tCsOut[i] = self._epilogue_value(acc[i], scale, mBias, col, N)
+                staged[i] = self._epilogue_value(acc[i], scale, mBias, col, N)
+        cute.autovec_copy(staged, tCsOut)
 
     @cute.jit
     def _peer_segment(self, smem_f32, offset, peer):
@@ -446,7 +496,8 @@ class HopperGemm:
         b_smem: cute.ComposedLayout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        tile_m_idx, tile_n_idx = self._tile_of_this_cta()
+        first, end, step = self._tiles_to_walk(mA, mB)
+        clusters_m, clusters_n = self._cluster_tiles(mA, mB)
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == self.producer_warp:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
@@ -487,10 +538,8 @@ class HopperGemm:
 
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-        tile_coord = (tile_m_idx, tile_n_idx, None)
-        gA = cute.local_tile(mA, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
-        gB = cute.local_tile(mB, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
-        k_total = cute.size(gA, mode=[2])
+        tile_k = self.tile_shape_mnk[2]
+        k_total = (mA.shape[1] + (tile_k - 1)) // tile_k
         k_begin = split * k_total // self.split_k
         k_tiles = (split + 1) * k_total // self.split_k - k_begin
 
@@ -504,42 +553,47 @@ class HopperGemm:
             # ================= producer warpgroup =================
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == self.producer_warp:
-                tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-                    tma_a,
-                    cluster_coord[1],
-                    cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
-                    cute.group_modes(sA, 0, 2),
-                    cute.group_modes(gA, 0, 2),
-                )
-                tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-                    tma_b,
-                    cluster_coord[0],
-                    cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
-                    cute.group_modes(sB, 0, 2),
-                    cute.group_modes(gB, 0, 2),
-                )
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.stages
                 )
-                for k_tile in cutlass.range(k_begin, k_begin + k_tiles, unroll=1):
-                    main_pipe.producer_acquire(state)
-                    full = main_pipe.producer_get_barrier(state)
-                    cute.copy(
+                for linear in cutlass.range(first, end, step, unroll=1):
+                    tile_m_idx, tile_n_idx = self._tile_of(linear, clusters_m, clusters_n)
+                    tile_coord = (tile_m_idx, tile_n_idx, None)
+                    gA = cute.local_tile(mA, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
+                    gB = cute.local_tile(mB, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
+                    tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
                         tma_a,
-                        tAgA[(None, k_tile)],
-                        tAsA[(None, state.index)],
-                        tma_bar_ptr=full,
-                        mcast_mask=a_mask,
+                        cluster_coord[1],
+                        cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
+                        cute.group_modes(sA, 0, 2),
+                        cute.group_modes(gA, 0, 2),
                     )
-                    cute.copy(
+                    tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
                         tma_b,
-                        tBgB[(None, k_tile)],
-                        tBsB[(None, state.index)],
-                        tma_bar_ptr=full,
-                        mcast_mask=b_mask,
+                        cluster_coord[0],
+                        cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
+                        cute.group_modes(sB, 0, 2),
+                        cute.group_modes(gB, 0, 2),
                     )
-                    main_pipe.producer_commit(state)
-                    state.advance()
+                    for k_tile in cutlass.range(k_begin, k_begin + k_tiles, unroll=1):
+                        main_pipe.producer_acquire(state)
+                        full = main_pipe.producer_get_barrier(state)
+                        cute.copy(
+                            tma_a,
+                            tAgA[(None, k_tile)],
+                            tAsA[(None, state.index)],
+                            tma_bar_ptr=full,
+                            mcast_mask=a_mask,
+                        )
+                        cute.copy(
+                            tma_b,
+                            tBgB[(None, k_tile)],
+                            tBsB[(None, state.index)],
+                            tma_bar_ptr=full,
+                            mcast_mask=b_mask,
+                        )
+                        main_pipe.producer_commit(state)
+                        state.advance()
                 if cutlass.const_expr(self.pdl):
                     cute.arch.griddepcontrol_launch_dependents()
                 # Wait until the consumers released every slot: no TMA write is still in
@@ -558,70 +612,78 @@ class HopperGemm:
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), self.acc_dtype
             )
-            acc.fill(0.0)
+            part = None
+            if cutlass.const_expr(self.promote):
+                part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
             k_blocks = cute.size(tCrA, mode=[2])
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            release = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.stages
+            )
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            if cutlass.const_expr(self.promote):
-                # Each k-tile into a zeroed second set, then added in full fp32.
-                part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
-                for k_tile in cutlass.range(k_tiles, unroll=1):
-                    main_pipe.consumer_wait(read)
-                    part.fill(0.0)
-                    cute.nvgpu.warpgroup.fence()
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read.index)
-                        cute.gemm(tiled_mma, part, tCrA[slot], tCrB[slot], part)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    main_pipe.consumer_release(read)
-                    read.advance()
-                    for i in cutlass.range(cute.size(acc), unroll_full=True):
-                        acc[i] = acc[i] + part[i]
-            else:
-                release = pipeline.make_pipeline_state(
-                    pipeline.PipelineUserType.Consumer, self.stages
-                )
-                for k_tile in cutlass.range(k_tiles, unroll=1):
-                    main_pipe.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read.index)
-                        cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    # Keep one wgmma batch in flight; the batch before it has now finished
-                    # reading its slot, which may be refilled.
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if k_tile > 0:
-                        main_pipe.consumer_release(release)
-                        release.advance()
-                    read.advance()
-                cute.nvgpu.warpgroup.wait_group(0)
-                if k_tiles > 0:
-                    main_pipe.consumer_release(release)
-            if cutlass.const_expr(self.pdl):
-                cute.arch.griddepcontrol_launch_dependents()
-
-            # ---- epilogue: (scale) + bias -> bf16 -> out ----
             scale = Float32(1.0)
             if cutlass.const_expr(self.scaled):
                 scale = mXScale[0] * mWScale[0]
-            tile = (tile_m_idx, tile_n_idx)
-            if cutlass.const_expr(self.aligned_n):
-                # Every consumer warpgroup's wgmma has retired: the operand slots are free.
-                staging = storage.sA.data_ptr()
-                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
-                self._stage(acc, scale, thr_mma, staging, mBias, mOut, tile)
-                if cutlass.const_expr(self.split_k > 1):
-                    cute.arch.cluster_arrive()  # release: this CTA's partial is visible
-                    cute.arch.cluster_wait()  # acquire: every peer's partial is
+            # The staged tile: its own buffer when persistent, else the (idle) operand slots.
+            staging = storage.sC.data_ptr() if self.persistent else storage.sA.data_ptr()
+            for linear in cutlass.range(first, end, step, unroll=1):
+                tile = self._tile_of(linear, clusters_m, clusters_n)
+                acc.fill(0.0)
+                if cutlass.const_expr(self.promote):
+                    # Each k-tile into a zeroed second set, then added in full fp32.
+                    for k_tile in cutlass.range(k_tiles, unroll=1):
+                        main_pipe.consumer_wait(read)
+                        part.fill(0.0)
+                        cute.nvgpu.warpgroup.fence()
+                        for k_block in cutlass.range_constexpr(k_blocks):
+                            slot = (None, None, k_block, read.index)
+                            cute.gemm(tiled_mma, part, tCrA[slot], tCrB[slot], part)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        main_pipe.consumer_release(read)
+                        read.advance()
+                        for i in cutlass.range(cute.size(acc), unroll_full=True):
+                            acc[i] = acc[i] + part[i]
                 else:
+                    for k_tile in cutlass.range(k_tiles, unroll=1):
+                        main_pipe.consumer_wait(read)
+                        cute.nvgpu.warpgroup.fence()
+                        for k_block in cutlass.range_constexpr(k_blocks):
+                            slot = (None, None, k_block, read.index)
+                            cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
+                        cute.nvgpu.warpgroup.commit_group()
+                        # Keep one wgmma batch in flight; the batch before it has now finished
+                        # reading its slot, which may be refilled.
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if k_tile > 0:
+                            main_pipe.consumer_release(release)
+                            release.advance()
+                        read.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    if k_tiles > 0:
+                        main_pipe.consumer_release(release)
+                        release.advance()
+                if cutlass.const_expr(self.pdl):
+                    cute.arch.griddepcontrol_launch_dependents()
+
+                # ---- epilogue: (scale) + bias -> bf16 -> out ----
+                if cutlass.const_expr(self.aligned_n):
+                    # Every consumer warpgroup's wgmma has retired (the operand slots are free)
+                    # and, persistent, has stored the previous tile from the staging buffer.
                     cute.arch.barrier(
                         barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads
                     )
-                self._store_staged(scale, staging, mBias, mOut, tile, tidx, split)
-            else:
-                self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
+                    self._stage(acc, scale, thr_mma, staging, mBias, mOut, tile)
+                    if cutlass.const_expr(self.split_k > 1):
+                        cute.arch.cluster_arrive()  # release: this CTA's partial is visible
+                        cute.arch.cluster_wait()  # acquire: every peer's partial is
+                    else:
+                        cute.arch.barrier(
+                            barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads
+                        )
+                    self._store_staged(scale, staging, mBias, mOut, tile, tidx, split)
+                else:
+                    self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
 
         # Peers multicast into, or read the partial in, this CTA's shared memory: stay resident
         # until they are done.

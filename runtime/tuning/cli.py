@@ -180,14 +180,46 @@ def provenance(found: KernelFamily, arch: str, shapes, candidates: int) -> dict:
     return facts
 
 
+def parse_where(texts) -> dict[str, str]:
+    """`--where FIELD=VALUE` pairs (key fields), checked against nothing yet: see matches()."""
+    pairs = {}
+    for text in texts:
+        field, sep, value = text.partition("=")
+        if not sep or not field.strip():
+            raise click.BadParameter(f"{text!r} is not FIELD=VALUE", param_hint="--where")
+        pairs[field.strip()] = value.strip().lower()
+    return pairs
+
+
+def matches(key, where: dict[str, str]) -> bool:
+    fields = key.fields()
+    for field, wanted in where.items():
+        if field not in fields:
+            raise click.BadParameter(f"{key.FAMILY} keys have no field {field!r}",
+                                     param_hint="--where")  # fmt: skip
+        value = fields[field]
+        text = ("1" if value else "0") if isinstance(value, bool) else str(value).lower()
+        if text != {"true": "1", "false": "0"}.get(wanted, wanted):
+            return False
+    return True
+
+
 def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Console,
-         ms: tuple[int, ...] = (), base: Table | None = None) -> Table:
+         ms: tuple[int, ...] = (), base: Table | None = None,
+         where: dict[str, str] | None = None) -> Table:
     """`ms`: tune only problems of these M (all the family's when empty); `base`: a table whose
-    rows are kept where nothing tuned now covers them."""
+    rows are kept where nothing tuned now covers them; `where`: time only candidates with
+    these key fields, against the tactic `base` (or the family's default table) picks, so a
+    row changes only where one of them beats it."""
     tuner = Tuner(found, arch, results_path, console)
     problems = [p for shape in shapes for p in found.tune_problems(shape)
                 if not ms or p[0] in ms]  # fmt: skip
     candidates = {p: found.tune_candidates(p, arch) for p in problems}
+    if where:
+        for problem, keys in candidates.items():
+            incumbent = found.dispatch(problem, arch, base or found.default_table(arch)).key
+            chosen = [key for key in keys if matches(key, where)]
+            candidates[problem] = chosen + ([incumbent] if incumbent not in chosen else [])
     total = sum(len(c) for c in candidates.values())
     winners = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -263,8 +295,11 @@ def _parse_shapes(found: KernelFamily, texts) -> list:
 @click.option("--base", "base_path", type=click.Path(exists=True, dir_okay=False),
               help="A tables file whose table for this family keeps its rows where nothing "
                    "tuned now covers them (with --m: re-tune some M ranges only).")  # fmt: skip
+@click.option("--where", "where_texts", multiple=True,
+              help="Time only candidates whose key has FIELD=VALUE (repeatable), against the "
+                   "tactic the --base (or default) table picks: challengers vs the incumbent.")  # fmt: skip
 def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results_path, ms,
-         base_path):
+         base_path, where_texts):
     """Measure a family's tactics on this GPU and write the winners as a dispatch table."""
     console = Console(stderr=True)
     try:
@@ -291,7 +326,8 @@ def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results
                 raise click.BadParameter(f"{base_path} has no {found.name} table for {arch}",
                                          param_hint="--base")  # fmt: skip
         results = Path(results_path or f"{out_path}.results.jsonl")
-        table = tune(found, arch, shapes, results, console, tuple(ms), base)
+        table = tune(found, arch, shapes, results, console, tuple(ms), base,
+                     parse_where(where_texts))  # fmt: skip
         kept = []
         if Path(out_path).exists():
             kept = [t for t in read_tables(out_path) if (t.family, t.arch) != (found.name, arch)]
