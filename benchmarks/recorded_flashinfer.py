@@ -10,6 +10,8 @@ phase is a fresh process running the sweep twice, with inputs made from a seed p
     jit     FlashInfer's own JIT, its disk cache off (the baseline the others are compared with)
     disk    FlashInfer's disk cache, filled by an earlier `jit --keep-disk-cache` process
     aot     CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot with the bundles built from the record
+    family  the hand-written flashinfer_gdn_decode family (CUTE_AOT_BUNDLES holding its keys,
+            cute_aot.runtime.flashinfer.install()); what it does not serve FlashInfer compiles
 
 Readiness is what the first pass costs beyond the second (compiling or loading every kernel),
 per distinct kernel; `compiles` counts real `cute.compile` executions in the process (the hook
@@ -18,6 +20,7 @@ for the bitwise comparison (`compare`).
 
     python benchmarks/recorded_flashinfer.py run --phase jit --out results/jit.json
     python benchmarks/recorded_flashinfer.py compare results/jit.json results/aot.json
+    python benchmarks/recorded_flashinfer.py versus results/aot.json results/family.json
 """
 
 from __future__ import annotations
@@ -158,12 +161,13 @@ def main():
 
 
 @main.command()
-@click.option("--phase", type=click.Choice(["record", "jit", "disk", "aot"]), required=True)
+@click.option("--phase", type=click.Choice(["record", "jit", "disk", "aot", "family"]),
+              required=True)  # fmt: skip
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
 @click.option("--keep-disk-cache", is_flag=True, help="jit: let FlashInfer fill its disk cache.")
 def run(phase, out_path, keep_disk_cache):
     """One phase, in this process (set the environment the phase names before calling)."""
-    if phase in ("record", "jit", "aot") and not keep_disk_cache:
+    if phase in ("record", "jit", "aot", "family") and not keep_disk_cache:
         os.environ["FLASHINFER_CUTE_DSL_DISABLE_CACHE"] = "1"
     started = time.perf_counter()
     import torch
@@ -175,6 +179,11 @@ def run(phase, out_path, keep_disk_cache):
     compile_hook.install_hook()  # counts every real compile: compile_hook.executed()
     import flashinfer  # noqa: F401
 
+    installed = None
+    if phase == "family":
+        from cute_aot.runtime import flashinfer as served
+
+        installed = served.install(["flashinfer_gdn_decode"])
     imported = time.perf_counter() - started
     device = torch.device("cuda")
     calls = sweep(torch, device)
@@ -207,6 +216,7 @@ def run(phase, out_path, keep_disk_cache):
         "first_pass_seconds": sum(r["seconds"] for r in first),
         "second_pass_seconds": sum(r["seconds"] for r in second),
         "counters": counters(),
+        "installed": installed,
         "env": {
             k: v
             for k, v in os.environ.items()
@@ -251,6 +261,42 @@ def compare(baseline, others, out_path):
               f"{base['phase']}, {row['compiles']} cute.compile executions, readiness "
               f"{row['readiness_ms_per_kernel']:.1f} ms/kernel vs {summary['baseline_readiness_ms_per_kernel']:.1f}"
               f" ({row['readiness_speedup']:.0f}x)")  # fmt: skip
+    if out_path:
+        out_path.write_text(json.dumps(summary, indent=1))
+
+
+@main.command()
+@click.argument("generic", type=click.Path(exists=True, path_type=Path))
+@click.argument("family", type=click.Path(exists=True, path_type=Path))
+@click.argument("jit", type=click.Path(exists=True, path_type=Path))
+@click.option("--out", "out_path", type=click.Path(path_type=Path))
+def versus(generic, family, jit, out_path):
+    """The recorded (generic) path against the hand-written GDN family on the kernels the family
+    serves. A kernel is named by the call that compiled it in the JIT phase; the family serves
+    it when that call compiled nothing in the family phase. Readiness is that call's first pass
+    minus its second; the per-call time is its second pass (one call and a synchronize)."""
+    reports = {name: json.loads(path.read_text()) for name, path in
+               (("generic", generic), ("family", family), ("jit", jit))}  # fmt: skip
+    jit_first = reports["jit"]["passes"][0]
+    fam_first = reports["family"]["passes"][0]
+    gdn = [i for i, row in enumerate(jit_first) if row["name"].startswith("gdn")]
+    introducing = [i for i in gdn if jit_first[i]["compiles"] > 0]
+    served = [i for i in introducing if fam_first[i]["ok"] and fam_first[i]["compiles"] == 0]
+    summary = {"gdn_calls": len(gdn), "gdn_kernels": len(introducing),
+               "kernels_the_family_serves": len(served),
+               "served": [f"{jit_first[i]['name']} {jit_first[i]['params']}" for i in served],
+               "not_served": [f"{jit_first[i]['name']} {jit_first[i]['params']}"
+                              for i in introducing if i not in served]}  # fmt: skip
+    for name in ("generic", "family"):
+        first, second = reports[name]["passes"]
+        summary[name] = {
+            "readiness_ms_per_kernel": 1e3 * sum(first[i]["seconds"] - second[i]["seconds"]
+                                                 for i in served) / max(len(served), 1),
+            "call_us": 1e6 * sum(second[i]["seconds"] for i in served) / max(len(served), 1),
+            "bitwise_equal_to_jit": sum(second[i].get("digest") ==
+                                        reports["jit"]["passes"][1][i]["digest"] for i in served),
+        }  # fmt: skip
+    print(json.dumps(summary, indent=1))
     if out_path:
         out_path.write_text(json.dumps(summary, indent=1))
 

@@ -111,13 +111,22 @@ def _check(dtype: str, out, inputs, promoted: bool = False):
 def test_sweep_through_the_op_matches_the_exact_product(dtype, n, k, bias):
     from cute_aot.runtime import op
 
+    from cute_aot.runtime.policy import counters
+
     _registry()
-    gemm = op(FAMILIES[dtype].name)
+    name = FAMILIES[dtype].name
+    gemm = op(name)
+    before = dict(counters().get(name, {}))
     for m in SWEEP_M:
         inputs = _inputs(dtype, m, n, k, bias)
         out = gemm(*inputs)
         torch.cuda.synchronize()
         _check(dtype, out, inputs)
+    after = counters().get(name, {})
+    # Every call ran a kernel of the bundles: none fell back to the torch reference (which
+    # would pass the check without testing a kernel) or was compiled on the spot.
+    for counted in ("misses", "degradations"):
+        assert after.get(counted, 0) == before.get(counted, 0), (counted, before, after)
 
 
 def _bundle_keys(family_name: str):

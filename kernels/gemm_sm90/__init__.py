@@ -66,6 +66,9 @@ TILE_K = {BF16_DTYPE: 64, FP8_DTYPE: 128}  # 128-byte rows either way
 M_BUCKETS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # Swap-AB puts M on the wgmma's N side: the narrowest of these that holds M (kernel.py).
 SWAP_TILE_N: tuple[int, ...] = (8, 16, 32, 64)
+# Tile widths between the powers of two: where N / 128 tiles leave a wave part-empty (ncu on the
+# H200: cuBLAS ran M=256 N=5120 with 80-wide tiles on 128 SMs while our 128 wide took 80).
+FILL_TILE_N: tuple[int, ...] = (80, 96, 112, 160, 192)
 SPLITS: tuple[int, ...] = (1, 2, 4, 8)  # split-K: CTAs per output tile (a 1x1xS cluster)
 SMS = 132  # H200 SMs
 # Split-K adds CTAs only up to about this many: past it, aot-tune on the H200 measured the
@@ -583,7 +586,7 @@ class GemmSm90Family(KernelFamily):
                 return key.tile_m == 64 and key.tile_n <= 128 and key.cluster_m == key.cluster_n
             if m <= 256:
                 return not key.persistent
-            return key.split_k == 1 or key.tile_m == 128
+            return (key.split_k == 1 or key.tile_m == 128) and key.tile_n not in FILL_TILE_N
 
         return [
             key for key in self.tactic_space(arch, aligned=(aligned_n,))
@@ -655,6 +658,12 @@ class GemmSm90Family(KernelFamily):
             for tile_n in (128, 256)
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
         ]
+        filling = [
+            (tile_m, tile_n, cluster_m, 1, RASTER_M, False, 1, False)
+            for tile_m in (64, 128)
+            for tile_n in FILL_TILE_N
+            for cluster_m in (1, 2)
+        ]
         split = [
             (tile_m, tile_n, 1, 1, RASTER_M, False, split_k, False)
             for tile_m in (64, 128)
@@ -672,7 +681,7 @@ class GemmSm90Family(KernelFamily):
                      stages_for(self.dtype, tile_m, tile_n, walks), PDL, raster_m, aligned_n,
                      swap_ab, split_k, promote, walks)
             for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k, walks
-            in unsplit + persistent + split + swapped
+            in unsplit + filling + persistent + split + swapped
             for promote in promotes
             for has_bias in (False, True)
             for aligned_n in aligned

@@ -13,8 +13,9 @@ Design (what a reviewer can check against the code below)
   coordinates are out's). With swap_ab, A = w and B = x: the kernel computes out^T, so the
   token dimension M sits on the wgmma's N side, whose tile may be 8..64 wide. A decode-sized M
   then fills a 64- or 128-row weight tile instead of padding a 64-row x tile with zeros.
-* CTA tile tile_m x tile_n x tile_k (kernel coordinates); tile_m in {64, 128}, tile_n in {8, 16,
-  32, 64, 128, 256}; tile_k = 64 for bf16 and 128 for fp8 (4 wgmma k-steps of 16 / 32, i.e.
+* CTA tile tile_m x tile_n x tile_k (kernel coordinates); tile_m in {64, 128}, tile_n any
+  multiple of 8 up to 256 (wgmma's N: widths such as 80 or 96 fill the SMs where powers of two
+  leave a wave part-empty); tile_k = 64 for bf16 and 128 for fp8 (4 wgmma k-steps of 16 / 32, i.e.
   128-byte rows, 128-byte swizzle chosen by sm90_utils.make_smem_layout_a/b).
 * Grid and scheduler: grid = (ceil(Mk/tile_m) rounded up to cluster_m, ceil(Nk/tile_n) rounded
   up to cluster_n, split_k). CTAs are mapped to output tiles in groups of raster_m M tiles (see
@@ -143,8 +144,8 @@ class HopperGemm:
         tile_m, tile_n = tile_mn
         if tile_m not in (64, 128):
             raise ValueError(f"HopperGemm: tile_m must be 64 or 128, got {tile_m}")
-        if tile_n not in (8, 16, 32, 64, 128, 256):
-            raise ValueError(f"HopperGemm: tile_n must be 8..256 (a power of 2), got {tile_n}")
+        if tile_n % 8 or not 8 <= tile_n <= 256:
+            raise ValueError(f"HopperGemm: tile_n must be a multiple of 8 in 8..256, got {tile_n}")
         if cluster_mn not in ((1, 1), (2, 1), (1, 2)):
             raise ValueError(f"HopperGemm: cluster must be 1x1, 2x1 or 1x2, got {cluster_mn}")
         if ab_dtype not in (BFloat16, cutlass.Float8E4M3FN):
@@ -443,21 +444,20 @@ class HopperGemm:
         row_stride = cols + OUT_PAD
         my_rows = rows // self.split_k
         per_row = cols // OUT_VECTOR
-        rows_per_pass = self.mma_threads // per_row
-        first_row = tidx // per_row
-        segment = tidx % per_row
+        segments = my_rows * per_row  # consecutive threads take consecutive segments of a row
         tile_row, tile_col = (tile[1], tile[0]) if cutlass.const_expr(self.swap_ab) else tile
-        column = tile_col * cols + segment * OUT_VECTOR
         sOut = cute.make_tensor(
             cute.recast_ptr(smem, dtype=self.staged_dtype),
             cute.make_layout((rows, cols), stride=(row_stride, 1)),
         )
         smem_f32 = cute.recast_ptr(smem, dtype=Float32)
-        for step in cutlass.range_constexpr((my_rows + rows_per_pass - 1) // rows_per_pass):
-            local = first_row + step * rows_per_pass
-            row = rank * my_rows + local
+        for step in cutlass.range_constexpr((segments + self.mma_threads - 1) // self.mma_threads):
+            index = tidx + step * self.mma_threads
+            segment = index % per_row
+            row = rank * my_rows + index // per_row
             out_row = tile_row * rows + row
-            if local < my_rows and out_row < M and column < N:
+            column = tile_col * cols + segment * OUT_VECTOR
+            if index < segments and out_row < M and column < N:
                 staged = cute.make_rmem_tensor((1, OUT_VECTOR), self.out_dtype)
                 if cutlass.const_expr(self.split_k == 1):
                     cute.autovec_copy(
