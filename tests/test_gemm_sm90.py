@@ -265,17 +265,17 @@ def test_problem_and_reference_with_torch():
 
 
 # -- cross-compiled for sm_90a: the SASS is what the design note says ----------------------------
-COMPILED = [
-    (family, GemmProblem(64, 6144, 4096), "HGMMA"),  # 64x128, one consumer warpgroup
-    (family, GemmProblem(4096, 28672, 4096), "HGMMA"),  # 128x256, cluster 2x1 multicast
-    (fp8_family, GemmProblem(4096, 6144, 4096, FP8_DTYPE), "QGMMA"),  # fp8 128x256, 2x1
+COMPILED = [  # what the shipped tables pick (the comments: at the time of writing)
+    (family, GemmProblem(64, 6144, 4096), "HGMMA"),  # swap-AB 128 x 64
+    (family, GemmProblem(4096, 28672, 4096), "HGMMA"),  # persistent 128 x 128, cluster 2x1
+    (fp8_family, GemmProblem(4096, 6144, 4096, FP8_DTYPE), "QGMMA"),  # persistent 128 x 256
     (family, GemmProblem(4096, 1001, 4096), "HGMMA"),  # N % 8 != 0: 2-byte stores
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("fam", "problem", "mma"), COMPILED, ids=["bf16-64x128",
-                         "bf16-128x256-2x1", "fp8-128x256-2x1", "bf16-any-n"])  # fmt: skip
+@pytest.mark.parametrize(("fam", "problem", "mma"), COMPILED, ids=["bf16-decode-swap-ab",
+                         "bf16-large-persistent", "fp8-large-persistent", "bf16-any-n"])  # fmt: skip
 def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     pytest.importorskip("cutlass")
     key = fam.dispatch(problem, ARCH).key
@@ -304,3 +304,24 @@ def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     else:
         assert opcodes.get("STG", 0) == per_thread
     assert kernel["registers"] <= 168
+
+
+@pytest.mark.slow
+def test_split_k_reduces_through_distributed_shared_memory(tmp_path):
+    """Swap-AB 128 x 16, K split over a 1x1x4 cluster: each thread sums one 8-wide segment of
+    its CTA's quarter of the tile from the four CTAs' shared memory (two 16-byte
+    ld.shared::cluster per CTA: LD in SASS, no LDS) and stores it with one 16-byte STG; cluster
+    barriers order the partials (UCGABAR)."""
+    pytest.importorskip("cutlass")
+    key = GemmSm90Key(BF16_DTYPE, True, 128, 16, 1, 1, stages_for(BF16_DTYPE, 128, 16), True,
+                      8, True, swap_ab=True, split_k=4)  # fmt: skip
+    compiled = importlib.import_module(family.builder).compile(key, ARCH)
+    obj = tmp_path / f"{key.symbol}.o"
+    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
+    if not HAS_TOOLS:
+        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected")
+    (kernel,) = binary_info.inspect_object(obj)["kernels"]
+    opcodes = kernel["opcodes"]
+    assert kernel["local"] == 0 and opcodes.get("HGMMA", 0) == 4
+    assert (opcodes.get("LD", 0), opcodes.get("LDS", 0), opcodes.get("STG", 0)) == (8, 0, 1)
+    assert opcodes.get("UCGABAR_ARV", 0) >= 2

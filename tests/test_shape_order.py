@@ -177,7 +177,7 @@ def test_aot_tune_reads_every_spelling_as_n_k(monkeypatch, tmp_path, name):
 
     tuned = []
 
-    def record(found, arch, shapes, results_path, console):
+    def record(found, arch, shapes, results_path, console, *options):
         tuned.append(list(shapes))
         raise CuteAotError("stop before measuring")
 
