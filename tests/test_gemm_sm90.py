@@ -14,6 +14,7 @@ import pytest
 
 from cute_aot.aot import binary_info
 from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.kernels.tables import Table
 from cute_aot.kernels.gemm_sm90 import (
     BF16_DTYPE,
     DEFAULT_SHAPES,
@@ -126,12 +127,12 @@ def test_tactic_follows_m():
 
 
 def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
-    """A shape with no row of its own runs what won for the tuned shape nearest in log N (then
-    log K) at the same M, or from M = 512 the persistent tile that wastes the least of its last
-    wave; an exact row always wins."""
+    """A shape with no row of its own: decode sizes run what won for the tuned shape nearest in
+    log N (then log K) at the same M; from M = 512 the persistent tile that wastes the least of
+    its last wave; an exact row always wins."""
     table = family.default_table(ARCH)
     rows = table.data["shape_rows"]
-    for m in (1, 100):
+    for m in (1, 33):
         dispatch = family.dispatch(GemmProblem(m, 2560, 2048), ARCH)
         held = [r for r in rows if r["m"][0] <= m and (r["m"][1] is None or m <= r["m"][1])]
         near = min(held, key=lambda r: (abs(math.log(2560 / r["n"])) + 0.5 * abs(
@@ -150,6 +151,23 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     assert exact.reason.startswith("tuned row for N=4096 K=4096")
     unaligned = family.dispatch(GemmProblem(1, 1001, 4096), ARCH)
     assert "nearest" not in unaligned.reason and not unaligned.key.swap_ab
+
+
+def test_untuned_mid_m_takes_the_tuned_tactic_with_the_least_cost_at_its_waves():
+    """Two tactics won at N=4096 (M 65..128), each in one wave: 128 x 256 in 10 us, 128 x 128 in
+    9 us. Scaled to another N by whole waves x tile elements, 128 x 128 wins where both still
+    fit one wave (N = 16896: 66 vs 132 tiles) and loses where it needs a second (N = 17408: 68
+    vs 136 tiles)."""
+    def row(tile_n, us):
+        return {"n": 4096, "k": 4096, "m": [65, 128], "tile_m": 128, "tile_n": tile_n,
+                "cluster_m": 1, "cluster_n": 1, "raster_m": 8, "us": us}  # fmt: skip
+
+    data = dict(HANDWRITTEN.data, shape_rows=[row(256, 10.0), row(128, 9.0)])
+    table = Table("gemm_sm90", ARCH, data, {"source": "test"})
+    for n, tile_n in ((16896, 128), (17408, 256)):
+        dispatch = family.dispatch(GemmProblem(128, n, 4096), ARCH, table)
+        assert dispatch.key.tile_n == tile_n, dispatch.reason
+        assert "least measured cost of the tuned rows" in dispatch.reason
 
 
 def test_enumeration_is_small_and_covers_dispatch():

@@ -98,7 +98,7 @@ def test_gemm_tuned_rows_serve_their_m_range():
         )
     other_shape = GEMM.dispatch(GemmProblem(200, 6144, 4096), ARCH, table)  # the nearest row
     assert dataclasses.replace(other_shape.key, stages=best.stages) == best
-    assert "nearest tuned shape N=4096 K=4096" in other_shape.reason
+    assert "least measured cost of the tuned rows (won at N=4096 K=4096)" in other_shape.reason
     assert (
         "tuned row for N=4096 K=4096 M in [129, 256]"
         in GEMM.dispatch(GemmProblem(200, 4096, 4096), ARCH, table).reason

@@ -6,8 +6,9 @@ Registered under the `cute_aot.families` entry points as ``gemm_sm90`` and ``gem
 (pyproject.toml), exactly as another project's family would be.
 
 Dispatch reads a table (kernels/tables.py): per-(N, K, M range) rows measured by `aot-tune` on
-an H200, shipped in tables.json (a shape with no row of its own takes the row of the nearest
-tuned shape at its M), else the hand-written rule (TACTICS below: swap-AB with K split for
+an H200, shipped in tables.json (a shape with no row of its own takes: up to M = 64 the nearest
+tuned shape's row; up to 511 the tuned tactic with the least measured cost scaled to its waves
+and k-tiles; from 512 the wave model's persistent tile), else the hand-written rule (TACTICS below: swap-AB with K split for
 decode-sized M, 128 x 128 split until ~72 CTAs for mid M, 128 x 256 multicast tiles for large M,
 narrower where they would leave SMs idle). Bundles record the table they were built with.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -278,7 +280,7 @@ def _shape_row(data: dict, m: int, n: int, k: int) -> dict | None:
 # over the 23 default shapes at M 512..8192 (aot-tune, H200, bf16). The larger tiles are the
 # cheapest per element; the smaller ones win only when they fill the waves better.
 WAVE_TILE_COST = {(128, 256): 23.8, (128, 128): 24.0, (64, 256): 30.0, (64, 128): 36.0}
-WAVE_MODEL_MIN_M = 512  # below it the grid is rarely wave-bound; the nearest tuned row decides
+WAVE_MODEL_MIN_M = 512  # below it the tuned rows' measured costs decide (_row_cost_row)
 
 
 def wave_model_tactic(m: int, n: int) -> tuple[dict, str]:
@@ -299,15 +301,54 @@ def wave_model_tactic(m: int, n: int) -> tuple[dict, str]:
     return tactic, f"wave model: {tiles} persistent tiles of {tile_m}x{tile_n} in {-(-tiles // SMS)} wave(s)"
 
 
+DECODE_MAX_M = 64  # up to here an untuned shape takes its nearest tuned shape's row
+
+
 def _nearest_row(data: dict, m: int, n: int, k: int) -> dict | None:
-    """For a shape nobody tuned: the row of the tuned shape closest in log N (and, half as
-    much, log K) at this M. The tile that won for a similar grid of tiles beats a fixed rule:
-    on the H200 the hand-written rule was 0.4-0.75x cuBLAS on some untuned shapes."""
+    """For a decode-sized shape nobody tuned: the row of the tuned shape closest in log N (and,
+    half as much, log K) at this M. Left out one tuned shape at a time on the H200's M <= 64
+    measurements it ran within 4% of the best (geomean), ahead of _row_cost_row (6-7%):
+    memory-bound tiles do not scale with waves x k-tiles."""
     rows = [row for row in data.get("shape_rows", ()) if _holds(row, m)]
     if not rows:
         return None
     return min(rows, key=lambda r: (abs(math.log(n / r["n"])) + 0.5 * abs(math.log(k / r["k"])),
                                     r["n"], r["k"]))  # fmt: skip
+
+
+def _work(tactic: dict, m: int, n: int, k: int, dtype: str) -> int:
+    """What a tactic's time scales with on one problem: whole waves of CTAs x k-tiles per CTA
+    x tile elements (a tile count just past a wave costs the whole next wave)."""
+    rows, cols = (n, m) if tactic.get("swap_ab") else (m, n)
+    split = tactic.get("split_k", 1)
+    tiles = -(-rows // tactic["tile_m"]) * -(-cols // tactic["tile_n"])
+    k_tiles = -(-k // TILE_K[dtype])
+    return -(-tiles * split // SMS) * -(-k_tiles // split) * tactic["tile_m"] * tactic["tile_n"]
+
+
+def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None:
+    """For a shape nobody tuned: among the tactics that won a tuned row at this M, the one whose
+    measured time per unit of _work (median over its rows) times this shape's _work is least.
+    Left out one tuned shape at a time on the H200's M = 128 / 256 measurements, it ran within
+    6% (bf16) / 7% (fp8) of the measured best, geomean, where the nearest shape's row lost 14%."""
+    per_unit: dict[tuple, list[float]] = {}
+    rows: dict[tuple, dict] = {}
+    k_tiles = -(-k // TILE_K[dtype])
+    for row in data.get("shape_rows", ()):
+        if not _holds(row, m) or not row.get("us"):
+            continue
+        tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS}
+        if k_tiles < MIN_K_TILES_PER_SPLIT * tactic["split_k"] and tactic["split_k"] > 1:
+            continue  # this K is too short to split that way
+        measured_m = row["m"][1] or M_BUCKETS[-1]  # a row is measured at its bucket's M
+        name = tuple(sorted(tactic.items())) + (("raster_m", row.get("raster_m")),)
+        per_unit.setdefault(name, []).append(row["us"] / _work(tactic, measured_m, row["n"], row["k"], dtype))
+        rows.setdefault(name, row)
+    if not per_unit:
+        return None
+    best = min(per_unit, key=lambda name: statistics.median(per_unit[name])
+               * _work(dict(name[:-1]), m, n, k, dtype))  # fmt: skip
+    return rows[best]
 
 
 TACTIC_FIELDS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab", "split_k", "promote",
@@ -330,7 +371,7 @@ def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> s
         k_tiles = -(-k // TILE_K[dtype])
         tactic["split_k"] = auto_split(tiles, k_tiles) if aligned_n else 1
         if tactic["split_k"] > 1:
-            notes.append(f"{tiles} tiles x split-K {tactic['split_k']} fill the wave")
+            notes.append(f"{tiles} tiles x split-K {tactic['split_k']} (<= {SPLIT_MAX_CTAS} CTAs)")
     promote = dtype == FP8_DTYPE and can_promote(tactic["tile_m"], tactic["tile_n"])
     tactic.setdefault("promote", promote)
     return "; ".join(notes)
@@ -338,33 +379,52 @@ def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> s
 
 @functools.lru_cache(maxsize=4096)
 def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int, int, str]:
-    """(tactic fields, stages, raster_m, why) for a problem under `table`: the one rule."""
+    """(tactic fields, stages, raster_m, why) for a problem under `table`: the one rule. A row
+    tuned for this (N, K, M range) first; for a shape with no row: up to M = 64 the nearest tuned
+    shape's row, then the tuned tactic with the least measured cost scaled to this shape, from
+    M = 512 the wave model; with no row at this M (or N % 8 != 0, which the
+    swap-AB / split-K / persistent rows cannot serve), the hand-written rule."""
     data = table.data
-    aligned_n = n % OUT_VECTOR == 0
     row = _shape_row(data, m, n, k)
-    untuned = row is None and aligned_n and data.get("shape_rows")  # (the any-N kernel: no)
-    if untuned and m >= WAVE_MODEL_MIN_M:
-        tactic, why = wave_model_tactic(m, n)
-        tactic["promote"] = dtype == FP8_DTYPE  # fast accumulation: not without a measurement
-        if tactic["promote"] and not can_promote(tactic["tile_m"], tactic["tile_n"]):
-            tactic["tile_n"] = 128
-            why += "; fp8 promotion narrows tile_n to 128"
-        stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], True)
-        return tactic, stages, data["raster_m"], f"N={n} K={k} not tuned: {why}"
-    nearest = bool(untuned)
-    if nearest:
-        row = _nearest_row(data, m, n, k)
     if row is not None:
-        low, high = row["m"]
-        bound = f"M in [{low}, {high if high is not None else 'inf'}]"
-        which = f"nearest tuned shape N={row['n']} K={row['k']}" if nearest else "tuned row"
-        why = f"{which} for N={n} K={k} {bound}: {row.get('why', '')}".rstrip(": ")
-        tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS}
-        k_tiles = -(-k // TILE_K[dtype])
-        while tactic["split_k"] > 1 and k_tiles < MIN_K_TILES_PER_SPLIT * tactic["split_k"]:
-            tactic["split_k"] //= 2  # the neighbour's K was longer
-        stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
-        return tactic, stages, row.get("raster_m", data["raster_m"]), why
+        return _from_row(row, data, k, dtype, f"tuned row for N={n} K={k}")
+    if n % OUT_VECTOR == 0 and data.get("shape_rows"):
+        if m >= WAVE_MODEL_MIN_M:
+            return _from_wave_model(m, n, k, dtype, data)
+        if m <= DECODE_MAX_M:
+            row = _nearest_row(data, m, n, k)
+            which = f"nearest tuned shape N={row['n']} K={row['k']}" if row else ""
+        else:
+            row = _row_cost_row(data, m, n, k, dtype)
+            which = f"least measured cost of the tuned rows (won at N={row['n']} K={row['k']})" if row else ""
+        if row is not None:
+            return _from_row(row, data, k, dtype, f"{which} for N={n} K={k}")
+    return _from_rule(m, n, k, dtype, data)
+
+
+def _from_row(row: dict, data: dict, k: int, dtype: str, which: str):
+    low, high = row["m"]
+    bound = f"M in [{low}, {high if high is not None else 'inf'}]"
+    why = f"{which} {bound}: {row.get('why', '')}".rstrip(": ")
+    tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS}
+    k_tiles = -(-k // TILE_K[dtype])
+    while tactic["split_k"] > 1 and k_tiles < MIN_K_TILES_PER_SPLIT * tactic["split_k"]:
+        tactic["split_k"] //= 2  # a neighbour's K was longer
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
+    return tactic, stages, row.get("raster_m", data["raster_m"]), why
+
+
+def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
+    tactic, why = wave_model_tactic(m, n)
+    tactic["promote"] = dtype == FP8_DTYPE  # fast accumulation: not without a measurement
+    if tactic["promote"] and not can_promote(tactic["tile_m"], tactic["tile_n"]):
+        tactic["tile_n"] = 128
+        why += "; fp8 promotion narrows tile_n to 128"
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], True)
+    return tactic, stages, data["raster_m"], f"N={n} K={k} not tuned: {why}"
+
+
+def _from_rule(m: int, n: int, k: int, dtype: str, data: dict):
     rows = data["rows"]
     row = next(r for r in rows if r["max_m"] == 0 or m <= r["max_m"])
     tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS if f != "promote"}
@@ -380,7 +440,7 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
     if dtype == FP8_DTYPE and not can_promote(tactic["tile_m"], tactic["tile_n"]):
         tactic["tile_n"] = 128  # fp8 is promoted by default: the second set must fit
         why += "; fp8 promotion narrows tile_n to 128"
-    notes = _fit(tactic, m, n, k, dtype, aligned_n)
+    notes = _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)
     why += f"; {notes}" if notes else ""
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
     return tactic, stages, data["raster_m"], why
