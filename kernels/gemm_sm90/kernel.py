@@ -480,6 +480,141 @@ class HopperGemm:
                     staged, cute.local_tile(mOut, (1, OUT_VECTOR), (out_row, column // OUT_VECTOR))
                 )
 
+    @cute.jit
+    def _produce(self, tma_a, mA, tma_b, mB, sA, sB, main_pipe, cta_layout_mnk, cluster_coord,
+                 masks, walk, clusters, k_range):  # fmt: skip
+        """The producer warp: for every tile this CTA walks, TMA-load its k-tiles of A and B
+        into the pipeline's slots (multicast within the cluster where masks say so)."""
+        a_mask, b_mask = masks
+        first, end, step = walk
+        k_begin, k_tiles = k_range
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for linear in cutlass.range(first, end, step, unroll=1):
+            tile_m_idx, tile_n_idx = self._tile_of(linear, *clusters)
+            tile_coord = (tile_m_idx, tile_n_idx, None)
+            gA = cute.local_tile(mA, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
+            gB = cute.local_tile(mB, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
+            tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+                tma_a,
+                cluster_coord[1],
+                cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
+                cute.group_modes(sA, 0, 2),
+                cute.group_modes(gA, 0, 2),
+            )
+            tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+                tma_b,
+                cluster_coord[0],
+                cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
+                cute.group_modes(sB, 0, 2),
+                cute.group_modes(gB, 0, 2),
+            )
+            for k_tile in cutlass.range(k_begin, k_begin + k_tiles, unroll=1):
+                main_pipe.producer_acquire(state)
+                full = main_pipe.producer_get_barrier(state)
+                cute.copy(
+                    tma_a,
+                    tAgA[(None, k_tile)],
+                    tAsA[(None, state.index)],
+                    tma_bar_ptr=full,
+                    mcast_mask=a_mask,
+                )
+                cute.copy(
+                    tma_b,
+                    tBgB[(None, k_tile)],
+                    tBsB[(None, state.index)],
+                    tma_bar_ptr=full,
+                    mcast_mask=b_mask,
+                )
+                main_pipe.producer_commit(state)
+                state.advance()
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        # Wait until the consumers released every slot: no TMA write is still in flight into
+        # this CTA (or a peer) when the CTA exits.
+        main_pipe.producer_tail(state)
+
+    @cute.jit
+    def _consume(self, tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut,
+                 tidx, split, walk, clusters, k_tiles):  # fmt: skip
+        """The consumer warpgroups: for every tile this CTA walks, the wgmma main loop over the
+        pipeline's slots into fp32 accumulators, then the epilogue."""
+        first, end, step = walk
+        thr_mma = tiled_mma.get_slice(tidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), self.acc_dtype
+        )
+        part = None
+        if cutlass.const_expr(self.promote):
+            part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
+        k_blocks = cute.size(tCrA, mode=[2])
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        scale = Float32(1.0)
+        if cutlass.const_expr(self.scaled):
+            scale = mXScale[0] * mWScale[0]
+        # The staged tile: its own buffer when persistent, else the (idle) operand slots.
+        staging = storage.sC.data_ptr() if self.persistent else storage.sA.data_ptr()
+        for linear in cutlass.range(first, end, step, unroll=1):
+            tile = self._tile_of(linear, *clusters)
+            acc.fill(0.0)
+            if cutlass.const_expr(self.promote):
+                # Each k-tile into a zeroed second set, then added in full fp32.
+                for k_tile in cutlass.range(k_tiles, unroll=1):
+                    main_pipe.consumer_wait(read)
+                    part.fill(0.0)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read.index)
+                        cute.gemm(tiled_mma, part, tCrA[slot], tCrB[slot], part)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    main_pipe.consumer_release(read)
+                    read.advance()
+                    for i in cutlass.range(cute.size(acc), unroll_full=True):
+                        acc[i] = acc[i] + part[i]
+            else:
+                for k_tile in cutlass.range(k_tiles, unroll=1):
+                    main_pipe.consumer_wait(read)
+                    cute.nvgpu.warpgroup.fence()
+                    for k_block in cutlass.range_constexpr(k_blocks):
+                        slot = (None, None, k_block, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    # Keep one wgmma batch in flight; the batch before it has now finished
+                    # reading its slot, which may be refilled.
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if k_tile > 0:
+                        main_pipe.consumer_release(release)
+                        release.advance()
+                    read.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_tiles > 0:
+                    main_pipe.consumer_release(release)
+                    release.advance()
+            if cutlass.const_expr(self.pdl):
+                cute.arch.griddepcontrol_launch_dependents()
+            self._epilogue(acc, scale, thr_mma, staging, mBias, mOut, tile, tidx, split)
+
+    @cute.jit
+    def _epilogue(self, acc, scale, thr_mma, staging, mBias, mOut, tile, tidx, split):
+        """(scale) + bias -> bf16 -> out, through shared memory when N % 8 == 0."""
+        if cutlass.const_expr(self.aligned_n):
+            # Every consumer warpgroup's wgmma has retired (the operand slots are free) and,
+            # persistent, has stored the previous tile from the staging buffer.
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
+            self._stage(acc, scale, thr_mma, staging, mBias, mOut, tile)
+            if cutlass.const_expr(self.split_k > 1):
+                cute.arch.cluster_arrive()  # release: this CTA's partial is visible
+                cute.arch.cluster_wait()  # acquire: every peer's partial is
+            else:
+                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
+            self._store_staged(scale, staging, mBias, mOut, tile, tidx, split)
+        else:
+            self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
+
     @cute.kernel
     def kernel(
         self,
@@ -550,140 +685,23 @@ class HopperGemm:
             cute.arch.griddepcontrol_wait()
 
         if warp >= self.producer_warp:
-            # ================= producer warpgroup =================
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == self.producer_warp:
-                state = pipeline.make_pipeline_state(
-                    pipeline.PipelineUserType.Producer, self.stages
-                )
-                for linear in cutlass.range(first, end, step, unroll=1):
-                    tile_m_idx, tile_n_idx = self._tile_of(linear, clusters_m, clusters_n)
-                    tile_coord = (tile_m_idx, tile_n_idx, None)
-                    gA = cute.local_tile(mA, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
-                    gB = cute.local_tile(mB, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
-                    tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-                        tma_a,
-                        cluster_coord[1],
-                        cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
-                        cute.group_modes(sA, 0, 2),
-                        cute.group_modes(gA, 0, 2),
-                    )
-                    tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-                        tma_b,
-                        cluster_coord[0],
-                        cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
-                        cute.group_modes(sB, 0, 2),
-                        cute.group_modes(gB, 0, 2),
-                    )
-                    for k_tile in cutlass.range(k_begin, k_begin + k_tiles, unroll=1):
-                        main_pipe.producer_acquire(state)
-                        full = main_pipe.producer_get_barrier(state)
-                        cute.copy(
-                            tma_a,
-                            tAgA[(None, k_tile)],
-                            tAsA[(None, state.index)],
-                            tma_bar_ptr=full,
-                            mcast_mask=a_mask,
-                        )
-                        cute.copy(
-                            tma_b,
-                            tBgB[(None, k_tile)],
-                            tBsB[(None, state.index)],
-                            tma_bar_ptr=full,
-                            mcast_mask=b_mask,
-                        )
-                        main_pipe.producer_commit(state)
-                        state.advance()
-                if cutlass.const_expr(self.pdl):
-                    cute.arch.griddepcontrol_launch_dependents()
-                # Wait until the consumers released every slot: no TMA write is still in
-                # flight into this CTA (or a peer) when the CTA exits.
-                main_pipe.producer_tail(state)
+                self._produce(
+                    tma_a, mA, tma_b, mB, sA, sB, main_pipe, cta_layout_mnk, cluster_coord,
+                    (a_mask, b_mask), (first, end, step), (clusters_m, clusters_n),
+                    (k_begin, k_tiles),
+                )  # fmt: skip
             if cutlass.const_expr(self.split_k > 1):
                 # The consumers' "partials staged" cluster barrier counts every thread.
                 cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()
         else:
-            # ================= consumer warpgroups =================
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.mma_warpgroups])
-            thr_mma = tiled_mma.get_slice(tidx)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-            acc = cute.make_rmem_tensor(
-                thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), self.acc_dtype
-            )
-            part = None
-            if cutlass.const_expr(self.promote):
-                part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
-            k_blocks = cute.size(tCrA, mode=[2])
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            release = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Consumer, self.stages
-            )
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            scale = Float32(1.0)
-            if cutlass.const_expr(self.scaled):
-                scale = mXScale[0] * mWScale[0]
-            # The staged tile: its own buffer when persistent, else the (idle) operand slots.
-            staging = storage.sC.data_ptr() if self.persistent else storage.sA.data_ptr()
-            for linear in cutlass.range(first, end, step, unroll=1):
-                tile = self._tile_of(linear, clusters_m, clusters_n)
-                acc.fill(0.0)
-                if cutlass.const_expr(self.promote):
-                    # Each k-tile into a zeroed second set, then added in full fp32.
-                    for k_tile in cutlass.range(k_tiles, unroll=1):
-                        main_pipe.consumer_wait(read)
-                        part.fill(0.0)
-                        cute.nvgpu.warpgroup.fence()
-                        for k_block in cutlass.range_constexpr(k_blocks):
-                            slot = (None, None, k_block, read.index)
-                            cute.gemm(tiled_mma, part, tCrA[slot], tCrB[slot], part)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        main_pipe.consumer_release(read)
-                        read.advance()
-                        for i in cutlass.range(cute.size(acc), unroll_full=True):
-                            acc[i] = acc[i] + part[i]
-                else:
-                    for k_tile in cutlass.range(k_tiles, unroll=1):
-                        main_pipe.consumer_wait(read)
-                        cute.nvgpu.warpgroup.fence()
-                        for k_block in cutlass.range_constexpr(k_blocks):
-                            slot = (None, None, k_block, read.index)
-                            cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
-                        cute.nvgpu.warpgroup.commit_group()
-                        # Keep one wgmma batch in flight; the batch before it has now finished
-                        # reading its slot, which may be refilled.
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        if k_tile > 0:
-                            main_pipe.consumer_release(release)
-                            release.advance()
-                        read.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    if k_tiles > 0:
-                        main_pipe.consumer_release(release)
-                        release.advance()
-                if cutlass.const_expr(self.pdl):
-                    cute.arch.griddepcontrol_launch_dependents()
-
-                # ---- epilogue: (scale) + bias -> bf16 -> out ----
-                if cutlass.const_expr(self.aligned_n):
-                    # Every consumer warpgroup's wgmma has retired (the operand slots are free)
-                    # and, persistent, has stored the previous tile from the staging buffer.
-                    cute.arch.barrier(
-                        barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads
-                    )
-                    self._stage(acc, scale, thr_mma, staging, mBias, mOut, tile)
-                    if cutlass.const_expr(self.split_k > 1):
-                        cute.arch.cluster_arrive()  # release: this CTA's partial is visible
-                        cute.arch.cluster_wait()  # acquire: every peer's partial is
-                    else:
-                        cute.arch.barrier(
-                            barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads
-                        )
-                    self._store_staged(scale, staging, mBias, mOut, tile, tidx, split)
-                else:
-                    self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
+            self._consume(
+                tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut, tidx,
+                split, (first, end, step), (clusters_m, clusters_n), k_tiles,
+            )  # fmt: skip
 
         # Peers multicast into, or read the partial in, this CTA's shared memory: stay resident
         # until they are done.
