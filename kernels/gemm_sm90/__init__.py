@@ -8,9 +8,9 @@ Registered under the `cute_aot.families` entry points as ``gemm_sm90`` and ``gem
 Dispatch reads a table (kernels/tables.py): per-(N, K, M range) rows measured by `aot-tune` on
 an H200, shipped in tables.json (a shape with no row of its own takes: up to M = 64 the nearest
 tuned shape's row; up to 511 the tuned tactic with the least measured cost scaled to its waves
-and k-tiles; from 512 the wave model's persistent tile), else the hand-written rule (TACTICS below: swap-AB with K split for
-decode-sized M, 128 x 128 split until ~72 CTAs for mid M, 128 x 256 multicast tiles for large M,
-narrower where they would leave SMs idle). Bundles record the table they were built with.
+and k-tiles; from 512 the wave model's persistent tile), else the hand-written rule (TACTICS
+below: swap-AB with K split for decode-sized M, 128 x 128 split until ~72 CTAs for mid M,
+128 x 256 multicast tiles for large M, narrower where they would leave SMs idle). Bundles record the table they were built with.
 
 A tactic is the kernel's compile-time choice (kernel.py): tile and cluster shape, raster group,
 swap-AB, split-K, persistent grid, fp8 promotion; each is a field of the key.
@@ -77,6 +77,7 @@ SMS = 132  # H200 SMs
 # 1x1xS cluster's reduction costing more than the extra SMs bring (M <= 256, 23 layer shapes).
 SPLIT_MAX_CTAS = 72
 MIN_K_TILES_PER_SPLIT = 4  # fewer and the pipeline never fills
+OUT_PAD = 8  # kernel.py: elements of padding per staged out row
 MAX_ACC_PER_THREAD = 128  # kernel.py: fp32 accumulators per consumer thread, promotion included
 
 
@@ -123,12 +124,27 @@ def swap_tile_n(m: int) -> int:
     return next((t for t in SWAP_TILE_N if t >= m), SWAP_TILE_N[-1])
 
 
+def k_tiles_of(k: int, dtype: str) -> int:
+    return -(-k // TILE_K[dtype])
+
+
+def tiles_of(tactic: dict, m: int, n: int) -> int:
+    """Output tiles of a tactic on an M x N out (swap-AB tiles N by tile_m, M by tile_n)."""
+    rows, cols = (n, m) if tactic.get("swap_ab") else (m, n)
+    return -(-rows // tactic["tile_m"]) * -(-cols // max(tactic["tile_n"], 1))
+
+
+def split_fits(split: int, k_tiles: int) -> bool:
+    """Whether every one of `split` K splits gets MIN_K_TILES_PER_SPLIT k-tiles."""
+    return split == 1 or k_tiles >= MIN_K_TILES_PER_SPLIT * split
+
+
 def auto_split(tiles: int, k_tiles: int) -> int:
     """The most K splits that keep the CTAs within SPLIT_MAX_CTAS and give every split
     MIN_K_TILES_PER_SPLIT k-tiles."""
     return next(
         s for s in reversed(SPLITS)
-        if s == 1 or (tiles * s <= SPLIT_MAX_CTAS and k_tiles >= MIN_K_TILES_PER_SPLIT * s)
+        if s == 1 or (tiles * s <= SPLIT_MAX_CTAS and split_fits(s, k_tiles))
     )  # fmt: skip
 
 
@@ -136,7 +152,7 @@ def stages_for(dtype: str, tile_m: int, tile_n: int, persistent: bool = False) -
     """As many pipeline stages as shared memory holds, at most MAX_STAGES; a persistent CTA
     keeps its own buffer for the staged bf16 out tile (kernel.py: staged_bytes)."""
     per_stage = (tile_m + tile_n) * TILE_K[dtype] * ELEMENT_BYTES[dtype]
-    staging = max(tile_m * (tile_n + 8), tile_n * (tile_m + 8)) * 2 if persistent else 0
+    staging = 2 * max(tile_m * (tile_n + OUT_PAD), tile_n * (tile_m + OUT_PAD)) if persistent else 0
     return min(MAX_STAGES, (SMEM_CAPACITY - BARRIER_RESERVE - staging) // per_stage)
 
 
@@ -154,7 +170,7 @@ class GemmSm90Key(KernelKey):
     cluster_n: int
     stages: int
     pdl: bool
-    raster_m: int = RASTER_M  # M tiles per raster group (kernel.py: _tile_of_this_cta)
+    raster_m: int = RASTER_M  # M tiles per raster group (kernel.py: _tile_of)
     aligned_n: bool = True  # N % 8 == 0: 16-byte stores of a tile staged in shared memory
     swap_ab: bool = False  # the kernel computes out^T = w @ x^T: tile_m along N, tile_n along M
     split_k: int = 1  # CTAs (a 1x1xS cluster) per output tile, reduced in distributed smem
@@ -290,15 +306,15 @@ def wave_model_tactic(m: int, n: int) -> tuple[dict, str]:
     the measured best on the tuned shapes, where a fixed tile or the nearest row lost up to 45%."""
 
     def cost(tile):
-        tiles = -(-m // tile[0]) * -(-n // tile[1])
-        return WAVE_TILE_COST[tile] * tile[0] * tile[1] * -(-tiles // SMS)
+        waves = -(-tiles_of({"tile_m": tile[0], "tile_n": tile[1]}, m, n) // SMS)
+        return WAVE_TILE_COST[tile] * tile[0] * tile[1] * waves
 
     tile_m, tile_n = min(WAVE_TILE_COST, key=cost)
-    cluster_m = 2 if -(-m // tile_m) >= 2 else 1
-    tiles = -(-m // tile_m) * -(-n // tile_n)
-    tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": cluster_m, "cluster_n": 1,
-              "swap_ab": False, "split_k": 1, "persistent": True}  # fmt: skip
-    return tactic, f"wave model: {tiles} persistent tiles of {tile_m}x{tile_n} in {-(-tiles // SMS)} wave(s)"
+    tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": 2 if m > tile_m else 1,
+              "cluster_n": 1, "swap_ab": False, "split_k": 1, "persistent": True}  # fmt: skip
+    tiles = tiles_of(tactic, m, n)
+    return tactic, (f"wave model: {tiles} persistent tiles of {tile_m}x{tile_n} in "
+                    f"{-(-tiles // SMS)} wave(s)")  # fmt: skip
 
 
 DECODE_MAX_M = 64  # up to here an untuned shape takes its nearest tuned shape's row
@@ -319,11 +335,9 @@ def _nearest_row(data: dict, m: int, n: int, k: int) -> dict | None:
 def _work(tactic: dict, m: int, n: int, k: int, dtype: str) -> int:
     """What a tactic's time scales with on one problem: whole waves of CTAs x k-tiles per CTA
     x tile elements (a tile count just past a wave costs the whole next wave)."""
-    rows, cols = (n, m) if tactic.get("swap_ab") else (m, n)
     split = tactic.get("split_k", 1)
-    tiles = -(-rows // tactic["tile_m"]) * -(-cols // tactic["tile_n"])
-    k_tiles = -(-k // TILE_K[dtype])
-    return -(-tiles * split // SMS) * -(-k_tiles // split) * tactic["tile_m"] * tactic["tile_n"]
+    waves = -(-tiles_of(tactic, m, n) * split // SMS)
+    return waves * -(-k_tiles_of(k, dtype) // split) * tactic["tile_m"] * tactic["tile_n"]
 
 
 def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None:
@@ -333,16 +347,17 @@ def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None
     6% (bf16) / 7% (fp8) of the measured best, geomean, where the nearest shape's row lost 14%."""
     per_unit: dict[tuple, list[float]] = {}
     rows: dict[tuple, dict] = {}
-    k_tiles = -(-k // TILE_K[dtype])
+    k_tiles = k_tiles_of(k, dtype)
     for row in data.get("shape_rows", ()):
         if not _holds(row, m) or not row.get("us"):
             continue
-        tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS}
-        if k_tiles < MIN_K_TILES_PER_SPLIT * tactic["split_k"] and tactic["split_k"] > 1:
+        tactic = _row_tactic(row)
+        if not split_fits(tactic["split_k"], k_tiles):
             continue  # this K is too short to split that way
         measured_m = row["m"][1] or M_BUCKETS[-1]  # a row is measured at its bucket's M
         name = tuple(sorted(tactic.items())) + (("raster_m", row.get("raster_m")),)
-        per_unit.setdefault(name, []).append(row["us"] / _work(tactic, measured_m, row["n"], row["k"], dtype))
+        work = _work(tactic, measured_m, row["n"], row["k"], dtype)
+        per_unit.setdefault(name, []).append(row["us"] / work)
         rows.setdefault(name, row)
     if not per_unit:
         return None
@@ -356,6 +371,21 @@ TACTIC_FIELDS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab", "split
 TACTIC_DEFAULTS = {"swap_ab": False, "split_k": 1, "promote": False, "persistent": False}
 
 
+def _row_tactic(row: dict) -> dict:
+    """A table row's tactic fields; rows of FAMILY_VERSION 1 lack the later ones."""
+    return {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS}
+
+
+def _promote_fp8(tactic: dict, dtype: str) -> str:
+    """fp8 is promoted unless a measured row says otherwise: narrow the tile until the second
+    accumulator set fits; the note why, if it had to."""
+    tactic["promote"] = dtype == FP8_DTYPE
+    if tactic["promote"] and not can_promote(tactic["tile_m"], tactic["tile_n"]):
+        tactic["tile_n"] = 128
+        return "fp8 promotion narrows tile_n to 128"
+    return ""
+
+
 def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> str:
     """Resolve a hand-written row's data-dependent fields for this problem; the notes why."""
     notes = []
@@ -366,14 +396,10 @@ def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> s
         tactic["tile_n"] = swap_tile_n(m)
         notes.append(f"swap-AB tile of {tactic['tile_n']} tokens")
     if tactic["split_k"] == 0:
-        rows, cols = (n, m) if tactic["swap_ab"] else (m, n)
-        tiles = -(-rows // tactic["tile_m"]) * -(-cols // tactic["tile_n"])
-        k_tiles = -(-k // TILE_K[dtype])
-        tactic["split_k"] = auto_split(tiles, k_tiles) if aligned_n else 1
+        tiles = tiles_of(tactic, m, n)
+        tactic["split_k"] = auto_split(tiles, k_tiles_of(k, dtype)) if aligned_n else 1
         if tactic["split_k"] > 1:
             notes.append(f"{tiles} tiles x split-K {tactic['split_k']} (<= {SPLIT_MAX_CTAS} CTAs)")
-    promote = dtype == FP8_DTYPE and can_promote(tactic["tile_m"], tactic["tile_n"])
-    tactic.setdefault("promote", promote)
     return "; ".join(notes)
 
 
@@ -406,9 +432,8 @@ def _from_row(row: dict, data: dict, k: int, dtype: str, which: str):
     low, high = row["m"]
     bound = f"M in [{low}, {high if high is not None else 'inf'}]"
     why = f"{which} {bound}: {row.get('why', '')}".rstrip(": ")
-    tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS}
-    k_tiles = -(-k // TILE_K[dtype])
-    while tactic["split_k"] > 1 and k_tiles < MIN_K_TILES_PER_SPLIT * tactic["split_k"]:
+    tactic = _row_tactic(row)
+    while not split_fits(tactic["split_k"], k_tiles_of(k, dtype)):
         tactic["split_k"] //= 2  # a neighbour's K was longer
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
     return tactic, stages, row.get("raster_m", data["raster_m"]), why
@@ -416,10 +441,8 @@ def _from_row(row: dict, data: dict, k: int, dtype: str, which: str):
 
 def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
     tactic, why = wave_model_tactic(m, n)
-    tactic["promote"] = dtype == FP8_DTYPE  # fast accumulation: not without a measurement
-    if tactic["promote"] and not can_promote(tactic["tile_m"], tactic["tile_n"]):
-        tactic["tile_n"] = 128
-        why += "; fp8 promotion narrows tile_n to 128"
+    note = _promote_fp8(tactic, dtype)  # fast accumulation: not without a measurement
+    why += f"; {note}" if note else ""
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], True)
     return tactic, stages, data["raster_m"], f"N={n} K={k} not tuned: {why}"
 
@@ -427,21 +450,18 @@ def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
 def _from_rule(m: int, n: int, k: int, dtype: str, data: dict):
     rows = data["rows"]
     row = next(r for r in rows if r["max_m"] == 0 or m <= r["max_m"])
-    tactic = {f: row.get(f, TACTIC_DEFAULTS.get(f)) for f in TACTIC_FIELDS if f != "promote"}
+    tactic = _row_tactic(row)
     bound = f"M={m} <= {row['max_m']}" if row["max_m"] else f"M={m} > {rows[-2]['max_m']}"
     why = f"{bound}: {row['why']}"
-    wide_tiles = -(-m // tactic["tile_m"]) * -(-n // max(tactic["tile_n"], 1))
+    wide_tiles = tiles_of(tactic, m, n)
     if tactic["tile_n"] > 128 and wide_tiles < SMS:
         tactic["tile_n"] = 128
         why += f"; {wide_tiles} tiles of {tactic['tile_m']}x256 leave SMs idle: tile_n 128"
     elif tactic["tile_n"] > 128 and n < data["wide_tile_min_n"]:
         tactic["tile_n"] = 128
         why += f"; N={n} < {data['wide_tile_min_n']} narrows tile_n to 128"
-    if dtype == FP8_DTYPE and not can_promote(tactic["tile_m"], tactic["tile_n"]):
-        tactic["tile_n"] = 128  # fp8 is promoted by default: the second set must fit
-        why += "; fp8 promotion narrows tile_n to 128"
-    notes = _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)
-    why += f"; {notes}" if notes else ""
+    notes = [_promote_fp8(tactic, dtype), _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)]
+    why += "".join(f"; {note}" for note in notes if note)
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
     return tactic, stages, data["raster_m"], why
 
