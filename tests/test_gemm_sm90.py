@@ -14,7 +14,6 @@ import pytest
 
 from cute_aot.aot import binary_info
 from cute_aot.artifacts.errors import UnsupportedProblemError
-from cute_aot.kernels.tables import Table
 from cute_aot.kernels.gemm_sm90 import (
     BF16_DTYPE,
     DEFAULT_SHAPES,
@@ -28,6 +27,7 @@ from cute_aot.kernels.gemm_sm90 import (
     handwritten_table,
     stages_for,
 )
+from cute_aot.kernels.tables import Table
 
 ARCH = "sm_90a"
 HAS_TOOLS = bool(binary_info.find_tool("cuobjdump") and binary_info.find_tool("nvdisasm"))

@@ -110,7 +110,6 @@ def _check(dtype: str, out, inputs, promoted: bool = False):
 @pytest.mark.parametrize("n, k", SWEEP_NK)
 def test_sweep_through_the_op_matches_the_exact_product(dtype, n, k, bias):
     from cute_aot.runtime import op
-
     from cute_aot.runtime.policy import counters
 
     _registry()

@@ -5,7 +5,6 @@ bundle's table, the two-bundles rule, and what aot-cache shows of them. No GPU."
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
@@ -289,9 +288,10 @@ def test_retuning_some_m_keeps_the_other_rows_of_the_base_table():
 
 
 def test_tune_where_filters_candidates_by_key_fields():
+    import click
+
     from cute_aot.runtime.tuning.cli import matches, parse_where
 
-    click = pytest.importorskip("click")
     keys = GEMM.tune_candidates(GemmProblem(512, 4096, 4096), ARCH)
     where = parse_where(["persistent=1", "tile_m=128"])
     chosen = [key for key in keys if matches(key, where)]
