@@ -468,7 +468,7 @@ class HopperGemm:
                     total = self._peer_segment(smem_f32, offset, 0)
                     for peer in cutlass.range_constexpr(1, self.split_k):
                         part = self._peer_segment(smem_f32, offset, peer)
-                        total = [t + p for t, p in zip(total, part)]
+                        total = [t + p for t, p in zip(total, part, strict=True)]
                     for j in cutlass.range_constexpr(OUT_VECTOR):
                         value = total[j]
                         if cutlass.const_expr(self.scaled):
@@ -485,46 +485,39 @@ class HopperGemm:
                  masks, walk, clusters, k_range):  # fmt: skip
         """The producer warp: for every tile this CTA walks, TMA-load its k-tiles of A and B
         into the pipeline's slots (multicast within the cluster where masks say so)."""
-        a_mask, b_mask = masks
         first, end, step = walk
         k_begin, k_tiles = k_range
+        # Per operand: its TMA atom, shared and global tensors, which tile coordinates index
+        # it, and the CTAs it is multicast to (the others along the cluster's M or N).
+        operands = (
+            (tma_a, sA, mA, (1, None, 1), cluster_coord[1], (0, None, 0), masks[0]),
+            (tma_b, sB, mB, (None, 1, 1), cluster_coord[0], (None, 0, 0), masks[1]),
+        )
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for linear in cutlass.range(first, end, step, unroll=1):
-            tile_m_idx, tile_n_idx = self._tile_of(linear, *clusters)
-            tile_coord = (tile_m_idx, tile_n_idx, None)
-            gA = cute.local_tile(mA, self.tile_shape_mnk, tile_coord, proj=(1, None, 1))
-            gB = cute.local_tile(mB, self.tile_shape_mnk, tile_coord, proj=(None, 1, 1))
-            tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-                tma_a,
-                cluster_coord[1],
-                cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
-                cute.group_modes(sA, 0, 2),
-                cute.group_modes(gA, 0, 2),
-            )
-            tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-                tma_b,
-                cluster_coord[0],
-                cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
-                cute.group_modes(sB, 0, 2),
-                cute.group_modes(gB, 0, 2),
-            )
+            tile_coord = (*self._tile_of(linear, *clusters), None)
+            loads = []
+            for tma, smem, gmem, proj, peer, peers, mask in operands:
+                tile = cute.local_tile(gmem, self.tile_shape_mnk, tile_coord, proj=proj)
+                to_smem, from_gmem = cute.nvgpu.cpasync.tma_partition(
+                    tma,
+                    peer,
+                    cute.make_layout(cute.slice_(cta_layout_mnk, peers).shape),
+                    cute.group_modes(smem, 0, 2),
+                    cute.group_modes(tile, 0, 2),
+                )
+                loads.append((tma, from_gmem, to_smem, mask))
             for k_tile in cutlass.range(k_begin, k_begin + k_tiles, unroll=1):
                 main_pipe.producer_acquire(state)
                 full = main_pipe.producer_get_barrier(state)
-                cute.copy(
-                    tma_a,
-                    tAgA[(None, k_tile)],
-                    tAsA[(None, state.index)],
-                    tma_bar_ptr=full,
-                    mcast_mask=a_mask,
-                )
-                cute.copy(
-                    tma_b,
-                    tBgB[(None, k_tile)],
-                    tBsB[(None, state.index)],
-                    tma_bar_ptr=full,
-                    mcast_mask=b_mask,
-                )
+                for tma, from_gmem, to_smem, mask in loads:
+                    cute.copy(
+                        tma,
+                        from_gmem[(None, k_tile)],
+                        to_smem[(None, state.index)],
+                        tma_bar_ptr=full,
+                        mcast_mask=mask,
+                    )
                 main_pipe.producer_commit(state)
                 state.advance()
         if cutlass.const_expr(self.pdl):
@@ -562,7 +555,7 @@ class HopperGemm:
             acc.fill(0.0)
             if cutlass.const_expr(self.promote):
                 # Each k-tile into a zeroed second set, then added in full fp32.
-                for k_tile in cutlass.range(k_tiles, unroll=1):
+                for _ in cutlass.range(k_tiles, unroll=1):
                     main_pipe.consumer_wait(read)
                     part.fill(0.0)
                     cute.nvgpu.warpgroup.fence()
