@@ -293,13 +293,24 @@ def test_tune_where_filters_candidates_by_key_fields():
     from cute_aot.runtime.tuning.cli import matches, parse_where
 
     keys = GEMM.tune_candidates(GemmProblem(512, 4096, 4096), ARCH)
-    where = parse_where(["persistent=1", "tile_m=128"])
+    where = parse_where(["persistent=1", "tile_m=128"], GEMM.Key)
     chosen = [key for key in keys if matches(key, where)]
     assert chosen and all(key.persistent and key.tile_m == 128 for key in chosen)
-    assert [key for key in keys if matches(key, parse_where(["persistent=false"]))] == [
+    assert [key for key in keys if matches(key, parse_where(["persistent=false"], GEMM.Key))] == [
         key for key in keys if not key.persistent
     ]
     with pytest.raises(click.BadParameter, match="no field 'tiles'"):
-        matches(keys[0], parse_where(["tiles=2"]))
+        matches(keys[0], parse_where(["tiles=2"], GEMM.Key))
     with pytest.raises(click.BadParameter, match="not FIELD=VALUE"):
-        parse_where(["persistent"])
+        parse_where(["persistent"], GEMM.Key)
+
+
+def test_aot_tune_refuses_an_unknown_where_field_before_looking_for_a_gpu(tmp_path):
+    from cute_aot.runtime.tuning.cli import main as aot_tune
+
+    args = ["--family", "gemm_sm90", "--where", "tiles=2", "--out", str(tmp_path / "t.json")]
+    result = CliRunner().invoke(aot_tune, args)
+    assert result.exit_code == 2
+    assert "gemm_sm90 keys have no field 'tiles'" in " ".join(result.output.split())
+    assert "no supported GPU" not in result.output
+    assert not (tmp_path / "t.json").exists()

@@ -16,6 +16,7 @@ model's forward pass, which is what the tactic is chosen for.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import subprocess
@@ -180,23 +181,26 @@ def provenance(found: KernelFamily, arch: str, shapes, candidates: int) -> dict:
     return facts
 
 
-def parse_where(texts) -> dict[str, str]:
-    """`--where FIELD=VALUE` pairs (key fields), checked against nothing yet: see matches()."""
+def parse_where(texts, key_class) -> dict[str, str]:
+    """`--where FIELD=VALUE` pairs, each FIELD one of `key_class`'s (read before any GPU is
+    looked for: a misspelt field costs no device time)."""
+    known = {"family", *(f.name for f in dataclasses.fields(key_class))}
     pairs = {}
     for text in texts:
         field, sep, value = text.partition("=")
         if not sep or not field.strip():
             raise click.BadParameter(f"{text!r} is not FIELD=VALUE", param_hint="--where")
+        if field.strip() not in known:
+            raise click.BadParameter(f"{key_class.FAMILY} keys have no field {field.strip()!r}",
+                                     param_hint="--where")  # fmt: skip
         pairs[field.strip()] = value.strip().lower()
     return pairs
 
 
 def matches(key, where: dict[str, str]) -> bool:
+    """Whether `key` has every FIELD=VALUE of `where` (parse_where's); booleans as 1/0/true/false."""
     fields = key.fields()
     for field, wanted in where.items():
-        if field not in fields:
-            raise click.BadParameter(f"{key.FAMILY} keys have no field {field!r}",
-                                     param_hint="--where")  # fmt: skip
         value = fields[field]
         text = ("1" if value else "0") if isinstance(value, bool) else str(value).lower()
         if text != {"true": "1", "false": "0"}.get(wanted, wanted):
@@ -305,6 +309,8 @@ def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results
     try:
         found = family(family_name)
         shapes = _parse_shapes(found, shape_texts)
+        where = parse_where(where_texts, found.Key)
+        base_tables = read_tables(base_path) if base_path else None
         detected = _current_arch()
         arch = normalize_arch(arch) if arch else detected
         if arch != detected:
@@ -319,15 +325,13 @@ def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results
 
             load_bundles(*bundle_paths, gpu_arch=arch)
         base = None
-        if base_path:
-            base = next((t for t in read_tables(base_path) if (t.family, t.arch) == (found.name, arch)),
-                        None)  # fmt: skip
+        if base_tables is not None:
+            base = next((t for t in base_tables if (t.family, t.arch) == (found.name, arch)), None)
             if base is None:
                 raise click.BadParameter(f"{base_path} has no {found.name} table for {arch}",
                                          param_hint="--base")  # fmt: skip
         results = Path(results_path or f"{out_path}.results.jsonl")
-        table = tune(found, arch, shapes, results, console, tuple(ms), base,
-                     parse_where(where_texts))  # fmt: skip
+        table = tune(found, arch, shapes, results, console, tuple(ms), base, where)
         kept = []
         if Path(out_path).exists():
             kept = [t for t in read_tables(out_path) if (t.family, t.arch) != (found.name, arch)]
