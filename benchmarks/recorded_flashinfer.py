@@ -20,7 +20,7 @@ for the bitwise comparison (`compare`).
 
     python benchmarks/recorded_flashinfer.py run --phase jit --out results/jit.json
     python benchmarks/recorded_flashinfer.py compare results/jit.json results/aot.json
-    python benchmarks/recorded_flashinfer.py versus results/aot.json results/family.json
+    python benchmarks/recorded_flashinfer.py versus results/aot.json results/family.json results/jit.json
 """
 
 from __future__ import annotations

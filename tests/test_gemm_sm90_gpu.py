@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 from cute_aot.kernels.gemm_sm90 import (  # noqa: E402
     BF16_DTYPE,
     FP8_DTYPE,
+    TILE_K,
     GemmProblem,
     family,
     fp8_family,
@@ -87,8 +88,8 @@ def _check(dtype: str, out, inputs, promoted: bool = False):
     magnitude = (x.double().abs() @ w.double().abs().T) * abs(scale)
     if bias is not None:
         exact = exact + bias.double()
-    if promoted:
-        chunk = 128
+    if promoted:  # promoted once per k-tile
+        chunk = TILE_K[FP8_DTYPE]
         gamma = _gamma(chunk, ACC_UNIT[FP8_DTYPE]) + _gamma(-(-k // chunk), ACC_UNIT[BF16_DTYPE])
     else:
         gamma = _gamma(k, ACC_UNIT[dtype])
