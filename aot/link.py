@@ -3,7 +3,9 @@
 The library needs only libtvm_ffi at load time: the CuTe DSL's static CUDA-dialect runtime and the
 static CUDA runtime are linked in, plus our definition of the single error helper that otherwise
 lives in the 43 MB libcute_dsl_runtime.so, and the ops' C hit path (shape_dispatch.c). Only the
-`__tvm_ffi_<symbol>` entry points are exported.
+`__tvm_ffi_<symbol>` entry points are exported, and for keys of the DSL's C ABI (a recorded
+`cute.compile` made without TVM-FFI) their `<symbol>_*` functions and metadata, which
+`cute.runtime.load_module` looks up by that prefix.
 """
 
 from __future__ import annotations
@@ -45,9 +47,19 @@ def link_inputs() -> dict[str, Path]:
     }
 
 
-def link_library(objects: list[Path], output: Path | None = None) -> bytes:
+def version_script(c_abi_symbols: list[str]) -> str:
+    """What the library exports: every TVM-FFI entry point, and each C-ABI key's prefix."""
+    patterns = ["__tvm_ffi_*"]
+    for symbol in c_abi_symbols:
+        patterns += [f"{symbol}_*", f"_mlir_{symbol}_*"]
+    return "{ global: " + "; ".join(patterns) + "; local: *; };\n"
+
+
+def link_library(
+    objects: list[Path], output: Path | None = None, c_abi_symbols: list[str] = ()
+) -> bytes:
     """Link `objects` (in the given order); returns the library's bytes, also written to
-    `output` if given."""
+    `output` if given. `c_abi_symbols`: the keys exported with the DSL's C ABI."""
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not compiler:
         raise BuildError("linking needs a C compiler (gcc or cc, or set CC)")
@@ -59,7 +71,7 @@ def link_library(objects: list[Path], output: Path | None = None) -> bytes:
             sources.append(Path(scratch) / name)
             sources[-1].write_bytes(package.joinpath(name).read_bytes())
         exports = Path(scratch) / "exports.map"
-        exports.write_bytes(package.joinpath("exports.map").read_bytes())
+        exports.write_text(version_script(list(c_abi_symbols)))
         tmp_output = Path(scratch) / "library.so"
         command = [
             compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp_output),

@@ -41,7 +41,10 @@ def pack_bundle(
     Keys are linked in symbol order, so the same objects always give the same bytes.
     """
     keys = sorted(objects, key=lambda key: key.symbol)
-    library = link_library([Path(objects[key]["object"]) for key in keys])
+    library = link_library(
+        [Path(objects[key]["object"]) for key in keys],
+        c_abi_symbols=[key.symbol for key in keys if key.abi == "c"],
+    )
     entries = tuple(
         Entry(
             family=key.FAMILY,
@@ -51,6 +54,7 @@ def pack_bundle(
             sha256=objects[key]["sha256"],
             size=objects[key]["size"],
             gpu_binary=objects[key].get("gpu_binary"),
+            abi=key.abi,
         )
         for key in keys
     )

@@ -39,7 +39,7 @@ from cute_aot.artifacts.errors import (
     BundleIntegrityError,
     BundleSizeError,
 )
-from cute_aot.artifacts.manifest import FORMAT_VERSION, Manifest
+from cute_aot.artifacts.manifest import ABIS, FORMAT_VERSION, Manifest
 
 MAGIC = b"CUTEAOT\0"
 _HEADER = struct.Struct("<8sIIQ32s")
@@ -283,6 +283,8 @@ def check_fields(path: Path, manifest: Manifest) -> None:
             )
         if not SHA256_RE.match(entry.sha256) or entry.size < 0:
             raise BundleFormatError(path, f"{what}: object sha256/size malformed")
+        if entry.abi not in ABIS:
+            raise BundleFormatError(path, f"{what}: abi {entry.abi!r} is not one of {ABIS}")
 
 
 def _expect_record(path: Path, what: str, record: dict, schema: dict[str, type]) -> None:

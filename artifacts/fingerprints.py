@@ -22,7 +22,7 @@ PACKER_MODULES = (
     "cute_aot.artifacts.toolchain",
 )
 # Data files of cute_aot.aot linked into every library.
-PACKER_DATA = ("cute_dsl_shim.c", "shape_dispatch.c", "exports.map")
+PACKER_DATA = ("cute_dsl_shim.c", "shape_dispatch.c")
 
 
 def module_sources_digest(names: tuple[str, ...]) -> str:

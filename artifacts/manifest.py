@@ -10,6 +10,10 @@ from cute_aot.artifacts.errors import BundleFormatError
 
 # Version of the container layout and manifest schema; readers refuse versions they do not know.
 FORMAT_VERSION = 1
+# How an entry's exported function is called: "tvm_ffi" (`__tvm_ffi_<symbol>`, what ops and
+# families call) or "c" (the DSL's own C ABI under `<symbol>_`, loaded with
+# `cute.runtime.load_module`: what `cute.compile` returns to a caller that did not ask for TVM-FFI).
+ABIS = ("tvm_ffi", "c")
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class Entry:
     # its cubins' SM numbers and, where cuobjdump/nvdisasm were installed, per-function resources
     # and SASS opcode counts. Absent in bundles built without it; omitted from JSON when None.
     gpu_binary: dict[str, Any] | None = None
+    # One of ABIS; TVM-FFI, the default, is omitted from JSON (older manifests unchanged).
+    abi: str = "tvm_ffi"
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ _ENTRY_SCHEMA = {
     "sha256": str,
     "size": int,
 }
-_OPTIONAL_ENTRY_FIELDS = {"gpu_binary": dict}
+_OPTIONAL_ENTRY_FIELDS = {"gpu_binary": dict, "abi": str}
 _OPTIONAL_MANIFEST_FIELDS = {"signature": dict}
 
 
@@ -110,6 +116,8 @@ def _entry_json(entry: Entry) -> dict:
     data = asdict(entry)
     if data["gpu_binary"] is None:
         del data["gpu_binary"]  # manifests without it stay byte-identical to older ones
+    if data["abi"] == "tvm_ffi":
+        del data["abi"]
     return data
 
 

@@ -31,6 +31,18 @@ KeyClassLookup = Callable[[str], type | None]
 
 # The exported TVM-FFI entry point of a function named `symbol` (export_to_c's naming).
 TVM_FFI_EXPORT_PREFIX = "__tvm_ffi_"
+# A C-ABI export (`export_to_c(..., function_prefix=symbol)`) names its functions `<symbol>_...`;
+# this one loads the kernels' module, so every such export with a kernel has it.
+C_ABI_EXPORT_SUFFIX = "_cuda_load"
+
+
+def exported_function(entry: Entry) -> str:
+    """The function the library must export for `entry` (the entry point, by its ABI)."""
+    if entry.abi == "c":
+        return entry.symbol + C_ABI_EXPORT_SUFFIX
+    return TVM_FFI_EXPORT_PREFIX + entry.symbol
+
+
 # The only libraries a bundle's library may need: tvm-ffi (the server has loaded it already) and
 # the C runtime. The CUDA runtime is linked in statically, so a library that needs a shared one
 # (or anything else) was not built by aot-build and is refused.
@@ -112,6 +124,8 @@ def _check_key(path: Path, what: str, entry: Entry, key_class) -> None:
         raise BundleIntegrityError(
             path, f"{what}: symbol {entry.symbol!r}, the key's symbol is {key.symbol!r}"
         )
+    if key.abi != entry.abi:
+        raise BundleIntegrityError(path, f"{what}: abi {entry.abi!r}, the key's is {key.abi!r}")
 
 
 def check_library(path: Path, manifest: Manifest, library: bytes) -> DynamicInfo:
@@ -142,10 +156,10 @@ def check_dynamic(path: Path, manifest: Manifest, info: DynamicInfo) -> DynamicI
                 f"(allowed: {', '.join(sorted(ALLOWED_NEEDED))})",
             )
     for entry in manifest.entries:
-        if TVM_FFI_EXPORT_PREFIX + entry.symbol not in info.functions:
+        if exported_function(entry) not in info.functions:
             raise BundleIntegrityError(
                 path,
                 f"{entry.family} key {entry.key_id}: the library does not export "
-                f"{TVM_FFI_EXPORT_PREFIX}{entry.symbol} (missing entry)",
+                f"{exported_function(entry)} (missing entry)",
             )
     return info

@@ -20,6 +20,13 @@ class KernelKey:
     """Mixin for frozen dataclasses that are kernel keys. Subclasses set FAMILY."""
 
     FAMILY: ClassVar[str]
+    ABI: ClassVar[str] = "tvm_ffi"
+
+    @property
+    def abi(self) -> str:
+        """How its exported function is called (artifacts/manifest.py ABIS); a key whose
+        calling convention varies per key overrides this."""
+        return self.ABI
 
     def fields(self) -> dict[str, Any]:
         # Key fields are scalars: a shallow read (dataclasses.asdict deep-copies, 10x slower,

@@ -8,9 +8,11 @@ nothing on calls that never reach `cute.compile`, and a compile that records nor
 straight to the original.
 
 Serving follows the one fallback policy (runtime/policy.py) through the recorded family's
-`Serving`: a hit returns the bundle's TVM-FFI function, called exactly as the compiled function
-would be (the compile-time constants and the environment stream left out, keyword arguments
-as the recorded signature names them); a miss compiles as before in mode auto (recorded for the
+`Serving`: a hit returns what the caller's own compile would have. For a TVM-FFI compile that
+is the bundle's TVM-FFI function, called exactly as the compiled function would be (the
+compile-time constants and the environment stream left out, keyword arguments as the recorded
+signature names them); for any other, the DSL's JitCompiledFunction loaded from the bundle's
+C-ABI export (runtime/loader.py), which takes the arguments the compile took; a miss compiles as before in mode auto (recorded for the
 next build), raises in mode aot, and mode jit never looks.
 """
 
@@ -153,8 +155,7 @@ def _served(serving, call, why):
     mode = current_mode()
     if mode is Mode.JIT:
         return None
-    if call is None or not call.tvm_ffi:
-        why = why or "compiled without TVM-FFI (bundles serve TVM-FFI functions only)"
+    if call is None:
         if mode is Mode.AOT:
             raise KernelNotFoundError(FAMILY, "-", _arch(call), [], detail=f"{why}; mode aot")
         warn_once(("not-servable", why), f"cute.compile call not served: {why}; compiling it")
@@ -169,6 +170,8 @@ def _served(serving, call, why):
             raise KernelNotFoundError(FAMILY, key.id, arch, [], detail=f"{unfit}; mode aot")
         warn_once(("hardware", key.id), f"recorded kernel {key.id} not served: {unfit}")
         return None
+    if not call.tvm_ffi:
+        return function  # the DSL's JitCompiledFunction, as cute.compile returns it
     return _callable_as_compiled(function, call.signature)
 
 

@@ -9,7 +9,9 @@ Everything is checked before any dlopen, in this order:
      every entry, needs only allowed libraries that this process can resolve, and only glibc
      versions this machine has (artifacts/verify.py, here).
 
-Never imports cutlass. The verified library is kept in a library store (runtime/library_store.py):
+Never imports cutlass, except to serve a C-ABI entry (a recorded `cute.compile` made without
+TVM-FFI, asked for only by a caller of `cute.compile`: the DSL's own loader makes its function).
+The verified library is kept in a library store (runtime/library_store.py):
 written once into the cache dir under its sha256 (atomic, so concurrent servers never see a
 partial file), opened without following links, used only when nobody else could change it, compared
 byte for byte with the verified library and dlopened through that open descriptor: what is loaded
@@ -55,9 +57,9 @@ from cute_aot.runtime.notices import warn_once
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
 ManifestCheck = Callable[[Path, Manifest], None]
 TrustCheck = Callable[[Path, Manifest], "signing.TrustedKey | None"]
-# (library sha256, cache dir) -> (module, where it was loaded from, its dynamic-linking facts):
-# each library is loaded once per process.
-_loaded: dict[tuple[str, str], tuple[Any, str, DynamicInfo]] = {}
+# (library sha256, cache dir) -> (module, where it was loaded from, its dynamic-linking facts,
+# the descriptor it was dlopened through): each library is loaded once per process.
+_loaded: dict[tuple[str, str], tuple[Any, str, DynamicInfo, int]] = {}
 _loaded_lock = threading.Lock()
 # "1": verify every bundle's library in full on every load (audits; the cold-start benchmark's
 # "before"), instead of trusting the private copy verified when it was extracted.
@@ -76,7 +78,9 @@ class LoadedBundle:
     signer: signing.TrustedKey | None = None  # the trusted key that signed it, if verified
     # Set when keys were not re-derived at open: each entry is, before its first use.
     key_class: Callable[[str], type | None] | None = None
+    library_fd: int = -1  # the open descriptor the library was dlopened through
     _functions: dict[str, Callable] = field(default_factory=dict)
+    _c_abi_module: Any = None  # the DSL's module over this library, made for the first C entry
 
     @property
     def arch(self) -> str:
@@ -92,7 +96,8 @@ class LoadedBundle:
         return make(num_inputs)
 
     def function(self, key_id: str) -> Callable:
-        """The TVM-FFI function of a key (looked up by symbol on first use, then cached)."""
+        """The function of a key (looked up by symbol on first use, then cached): TVM-FFI's,
+        or for a C-ABI entry the DSL's JitCompiledFunction."""
         function = self._functions.get(key_id)
         if function is None:
             entry = self.entries.get(key_id)
@@ -101,7 +106,13 @@ class LoadedBundle:
             key_class = self.key_class(entry.family) if self.key_class else None
             if key_class is not None:
                 check_entry_key(self.path, entry, key_class)
-            function = self._functions[key_id] = self.module[entry.symbol]
+            if entry.abi == "c":
+                if self._c_abi_module is None:
+                    self._c_abi_module = _load_c_abi_module(self.path, self.library_fd)
+                function = self._c_abi_module[entry.symbol]
+            else:
+                function = self.module[entry.symbol]
+            self._functions[key_id] = function
         return function
 
 
@@ -313,11 +324,12 @@ def open_bundle(
             return opened
     bundle = verify_bundle(path, gpu_arch, accept, trust)
     manifest = bundle.manifest
-    module, library_path = _load_library(
+    module, library_path, _, fd = _load_library(
         bundle.path, bundle.library, manifest.library["sha256"], bundle.dynamic
     )
+    entries = manifest.entry_by_id()
     return LoadedBundle(
-        bundle.path, manifest, library_path, module, manifest.entry_by_id(), bundle.signer
+        bundle.path, manifest, library_path, module, entries, bundle.signer, None, fd
     )
 
 
@@ -355,13 +367,13 @@ def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
                 check_dynamic(path, manifest, dynamic)
                 _import_tvm_ffi(path)
                 check_dependencies(path, dynamic)
-                loaded = _loaded[slot] = (_dlopen_descriptor(path, fd), where, dynamic)
+                loaded = _loaded[slot] = (_dlopen_descriptor(path, fd), where, dynamic, fd)
             except BaseException:
                 os.close(fd)
                 raise
-    module, where, _ = loaded
+    module, where, _, fd = loaded
     return LoadedBundle(
-        path, manifest, where, module, manifest.entry_by_id(), signer, installed_key_class
+        path, manifest, where, module, manifest.entry_by_id(), signer, installed_key_class, fd
     )
 
 
@@ -409,12 +421,12 @@ def _dlopen_descriptor(path: Path, fd: int):
 
 
 def _load_library(path: Path, library: bytes, sha256: str, dynamic: DynamicInfo):
-    """Load the verified library once per process and cache dir; returns (module, where)."""
+    """Load the verified library once per process and cache dir; returns its _loaded row."""
     slot = (sha256, str(paths.cache_dir()))
     with _loaded_lock:
         if slot not in _loaded:
-            _loaded[slot] = (*_load_new_library(path, library, sha256, dynamic), dynamic)
-        return _loaded[slot][:2]
+            _loaded[slot] = _load_new_library(path, library, sha256, dynamic)
+        return _loaded[slot]
 
 
 def _load_new_library(path: Path, library: bytes, sha256: str, dynamic: DynamicInfo):
@@ -427,7 +439,30 @@ def _load_new_library(path: Path, library: bytes, sha256: str, dynamic: DynamicI
     except OSError as exc:  # unwritable, read-only, full, or others could write there
         fd, where = library_store.give_up_folder(exc).keep(sha256, library, facts)
     try:
-        return _dlopen_descriptor(path, fd), where
+        return _dlopen_descriptor(path, fd), where, dynamic, fd
     except BaseException:
         os.close(fd)
         raise
+
+
+def _load_c_abi_module(path: Path, fd: int):
+    """The DSL's module (cute.runtime.load_module) over the library already dlopened through
+    descriptor `fd`: its C-ABI entries come back as the DSL's own JitCompiledFunction.
+
+    The DSL's loader takes a file name ending in .so, so a private link to /proc/self/fd/N
+    names the verified library; the dynamic loader recognises the file as loaded already and
+    hands back that copy, so nothing is read from the cache dir again."""
+    import tempfile
+
+    try:
+        from cutlass.cute.runtime import load_module
+    except ImportError as exc:
+        raise IncompatibleBundleError(
+            path, f"a C-ABI entry needs nvidia-cutlass-dsl: {exc}"
+        ) from None
+    if fd < 0:
+        raise IncompatibleBundleError(path, "its library was not loaded through a descriptor")
+    with tempfile.TemporaryDirectory(prefix="cute-aot-c-abi-") as folder:
+        name = os.path.join(folder, "library.so")
+        os.symlink(f"/proc/self/fd/{fd}", name)
+        return load_module(name)

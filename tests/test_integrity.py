@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts import signing
 from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
+from cute_aot.artifacts.elf import read_dynamic
 from cute_aot.artifacts.errors import (
     BundleError,
     BundleFormatError,
@@ -42,6 +43,7 @@ from cute_aot.artifacts.errors import (
     SignatureError,
 )
 from cute_aot.artifacts.manifest import Entry, Manifest
+from cute_aot.artifacts.verify import check_dynamic
 from cute_aot.kernels import family
 from cute_aot.kernels.router_gemm import dispatch
 from cute_aot.runtime import REGISTRY, jit, loader, registry, set_mode
@@ -423,6 +425,16 @@ MATRIX: dict[str, Case] = {
         ),
         BundleIntegrityError,
         "does not export __tvm_ffi_router_gemm_.*missing entry",
+    ),
+    "entry of an unknown ABI": Case(
+        lambda t, g, k, m: edited_json(g, lambda d: d["entries"][0].update(abi="cdecl")),
+        BundleFormatError,
+        r"abi 'cdecl' is not one of \('tvm_ffi', 'c'\)",
+    ),
+    "entry claiming the C ABI for a TVM-FFI key": Case(
+        lambda t, g, k, m: with_entries(g, replace_entry(0, abi="c")),
+        BundleIntegrityError,
+        "abi 'c', the key's is 'tvm_ffi'",
     ),
     "entry symbol with ..": Case(
         lambda t, g, k, m: with_entries(g, replace_entry(0, symbol="../../lib/evil")),
@@ -1030,3 +1042,29 @@ def test_reverify_verifies_every_load(good, tmp_path, fresh_runtime, monkeypatch
     monkeypatch.setenv(loader.REVERIFY_ENV, "1")
     with pytest.raises(BundleIntegrityError, match="payload hash mismatch"):
         open_bundle(damaged, ARCH)
+
+
+def test_each_entry_must_export_the_entry_point_of_its_abi(good, tmp_path):
+    """A C-ABI entry is served through `<symbol>_cuda_load` and its siblings, a TVM-FFI entry
+    through `__tvm_ffi_<symbol>`: the library must export the one its ABI names."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("needs a C compiler")
+    source = tmp_path / "c_abi.c"
+    source.write_text("int cute_compile_abc_cuda_load(void) { return 0; }\n")
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(tmp_path / "c_abi.so"), str(source)],
+                   check=True)  # fmt: skip
+    info = read_dynamic((tmp_path / "c_abi.so").read_bytes())
+    entry = Entry("cute_compile", {"family": "cute_compile"}, "ab" * 10, "cute_compile_abc",
+                  "ab" * 32, 1, abi="c")  # fmt: skip
+
+    def manifest(*entries):
+        return dataclasses.replace(good.manifest, entries=entries)
+
+    check_dynamic(tmp_path, manifest(entry), info)
+    as_tvm_ffi = dataclasses.replace(entry, abi="tvm_ffi")
+    with pytest.raises(BundleIntegrityError, match="does not export __tvm_ffi_cute_compile_abc"):
+        check_dynamic(tmp_path, manifest(as_tvm_ffi), info)
+    other = dataclasses.replace(entry, symbol="cute_compile_def", key_id="cd" * 10)
+    with pytest.raises(BundleIntegrityError, match="does not export cute_compile_def_cuda_load"):
+        check_dynamic(tmp_path, manifest(entry, other), info)

@@ -2,7 +2,8 @@
 (`aot-build --from-record`), serve them back at `cute.compile` (`intercept()`).
 
 The kernel is a user's plain `@cute.jit` function (tests/user_kernels/scale.py); calls are made
-the way a CPU can make them (tensors typed as CUDA tensors over no memory, sm_90a, TVM-FFI), so
+the way a CPU can make them (tensors typed as CUDA tensors over no memory, sm_90a, TVM-FFI or the
+DSL's own calling convention), so
 every step runs here for real: the recorder in one process, the build in its workers, the
 interceptor in another process, whose real compiles are counted.
 """
@@ -125,11 +126,13 @@ def recorded_bundle(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("recorded")
     record = tmp_path / "calls.jsonl"
     results = _compile_calls(
-        tmp_path, ["1000:128", "4096:256", "77:128"], CUTE_AOT_RECORD=str(record)
+        tmp_path, ["1000:128", "4096:256", "77:128", "1000:128:c"], CUTE_AOT_RECORD=str(record)
     )
-    assert [r["type"] for r in results] == ["TVMFFIJitCompiledFunctionWithKwargs"] * 3
+    assert [r["type"] for r in results] == ["TVMFFIJitCompiledFunctionWithKwargs"] * 3 + [
+        "CudaDialectJitCompiledFunction"  # no TVM-FFI asked for: the DSL's own convention
+    ]
     lines = [json.loads(line) for line in record.read_text().splitlines()]
-    assert len(lines) == 2  # 77:128 is 1000:128 again: the size is dynamic
+    assert len(lines) == 3  # 77:128 is 1000:128 again: the size is dynamic
     built = _aot_build(tmp_path, "--from-record", record, "--arch", "sm90a", "--out",
                        tmp_path / "bundles", "--name", "recorded")  # fmt: skip
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
@@ -145,6 +148,36 @@ def test_mode_aot_serves_recorded_calls_without_compiling(recorded_bundle, tmp_p
     assert served["counters"]["cute_compile"]["hits"] == 1
     assert missed["error"] == "KernelNotFoundError" and missed["compiles"] == 0
     assert "cute_compile" in missed["message"] and "mode aot" in missed["message"]
+
+
+@pytest.mark.slow
+def test_a_compile_without_tvm_ffi_is_served_as_the_dsls_own_compiled_function(
+    recorded_bundle, tmp_path
+):
+    """The bundle exports that key with the DSL's C ABI, so the hit is what `cute.compile`
+    itself returns to such a caller (its JitCompiledFunction, loaded from the bundle's
+    library), beside a TVM-FFI hit from the same library."""
+    from cute_aot.artifacts.bundle import read_bundle
+    from cute_aot.artifacts.elf import read_dynamic
+    from cute_aot.artifacts.verify import TVM_FFI_EXPORT_PREFIX
+
+    _, _, bundles = recorded_bundle
+    c_abi, tvm_ffi, other = _compile_calls(tmp_path, ["5:128:c", "5:128", "5:64:c"],
+                                           CUTE_AOT_BUNDLES=str(bundles), CUTE_AOT_INTERCEPT="1",
+                                           CUTE_AOT_MODE="aot")  # fmt: skip
+    assert c_abi["type"] == "CudaDialectJitCompiledFunction" and c_abi["compiles"] == 0
+    assert tvm_ffi["type"] == "function" and tvm_ffi["compiles"] == 0
+    assert tvm_ffi["counters"]["cute_compile"]["hits"] == 2
+    assert other["error"] == "KernelNotFoundError" and other["compiles"] == 0
+
+    manifest, library = read_bundle(bundles / "recorded-sm_90a.cuteaot")
+    exported = read_dynamic(bytes(library)).functions
+    by_abi = {entry.abi: entry for entry in manifest.entries}
+    assert sorted(e.abi for e in manifest.entries) == ["c", "tvm_ffi", "tvm_ffi"]
+    assert by_abi["c"].symbol + "_cuda_load" in exported
+    assert TVM_FFI_EXPORT_PREFIX + by_abi["c"].symbol not in exported
+    assert TVM_FFI_EXPORT_PREFIX + by_abi["tvm_ffi"].symbol in exported
+    assert not any(name.startswith(by_abi["tvm_ffi"].symbol) for name in exported)
 
 
 @pytest.mark.slow

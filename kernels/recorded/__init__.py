@@ -34,6 +34,13 @@ def canonical(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def asks_tvm_ffi(identity: dict) -> bool:
+    """Whether the call compiled for TVM-FFI (the option, or CUTE_DSL_ENABLE_TVM_FFI set when
+    it was made): what the caller then calls, so what the build exports and the hook returns."""
+    flag = (identity.get("env") or {}).get("CUTE_DSL_ENABLE_TVM_FFI", "").lower()
+    return bool((identity.get("options") or {}).get("EnableTVMFFI")) or flag in ("1", "true")
+
+
 @dataclass(frozen=True)
 class RecordedCallKey(KernelKey):
     """One recorded `cute.compile` call. Its id covers `call` only (see the module docstring)."""
@@ -59,6 +66,11 @@ class RecordedCallKey(KernelKey):
     @functools.cached_property
     def replay_data(self) -> dict:
         return json.loads(self.replay)
+
+    @property
+    def abi(self) -> str:
+        """TVM-FFI where the caller asked for it, else the DSL's own C ABI."""
+        return "tvm_ffi" if asks_tvm_ffi(self.call_data) else "c"
 
     @property
     def hardware(self) -> dict:

@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass
 
 from cute_aot.artifacts.bundle import sha256_file
-from cute_aot.kernels.recorded import RecordedCallKey, canonical
+from cute_aot.kernels.recorded import RecordedCallKey, asks_tvm_ffi, canonical
 
 # Options that say where files go, or which architecture: never part of the identity.
 HOST_OPTIONS = frozenset({"GPUArch", "KeepCUBIN", "KeepPTX", "KeepSASS", "DumpDir",
@@ -111,9 +111,6 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         target_data = {"function": name, "object": _qualified(owner)}
         files.add(_source_file(owner))
     compile_options = _effective_options(compile_callable, options)
-    tvm_ffi = bool(compile_options.get("EnableTVMFFI")) or os.environ.get(
-        "CUTE_DSL_ENABLE_TVM_FFI", ""
-    ).lower() in ("1", "true")
     identity = {
         "target": target_data,
         "source": _hash_files(tuple(sorted(f for f in files if f))),
@@ -122,7 +119,8 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         "env": {k: os.environ[k] for k in CODEGEN_ENV if os.environ.get(k)},
     }
     arch = compile_options.get("GPUArch") or None
-    return Call(identity, examples, tvm_ffi, _wrapper_spec(bound.signature, bound), arch)
+    signature = _wrapper_spec(bound.signature, bound)
+    return Call(identity, examples, asks_tvm_ffi(identity), signature, arch)
 
 
 def _qualified(obj) -> str:

@@ -5,7 +5,8 @@ its class and recorded `__dict__`), each tensor re-made with the recorded type â
 tensor from a DLPack capsule of the recorded shape and strides over no memory, with the recorded
 `mark_*` calls applied again, so the compiled function has exactly the recorded signature â€” and
 the hardware queries answered with the recorded values. It compiles for the bundle's
-architecture with TVM-FFI, the only calling convention bundles serve.
+architecture with the recorded options, so with TVM-FFI exactly where the caller asked for it
+(the build then exports the DSL's C ABI for the others: aot/compile_worker.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def compile(key: RecordedCallKey, arch: str):
         else:
             positional.append(value)
     options = [getattr(compiler, name)(value) for name, value in call["options"].items()]
-    options += [compiler.GPUArch(arch), compiler.EnableTVMFFI(True)]
+    options += [compiler.GPUArch(arch), compiler.EnableTVMFFI(key.abi == "tvm_ffi")]
     with pinned(key.hardware):
         return cute.compile[tuple(options)](function, *positional, **keyword)
 

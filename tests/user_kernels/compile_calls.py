@@ -1,12 +1,14 @@
 """cute.compile calls of the user kernel as a CPU can make them: tensors typed as CUDA tensors
-(a DLPack capsule over no memory), compiled for sm_90a with TVM-FFI.
+(a DLPack capsule over no memory), compiled for sm_90a with TVM-FFI, or with the DSL's own
+calling convention (a CUDA stream argument, no TVM-FFI) where the spec ends in `:c`.
 
-    python -m tests.user_kernels.compile_calls N:BLOCK ...   # prints one JSON line per call
+    python -m tests.user_kernels.compile_calls N:BLOCK[:c] ...   # prints one JSON line per call
 """
 
 import json
 import sys
 
+import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 from cutlass.cute.runtime import from_dlpack, make_fake_stream
 
@@ -23,7 +25,12 @@ def arguments(n: int, align: int = 16, dtype: str = "float32"):
     return tensor(), tensor(), 2.0, make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
-def compile_scale(n: int, block: int):
+def compile_scale(n: int, block: int, tvm_ffi: bool = True):
+    if not tvm_ffi:
+        x, y, factor, _ = arguments(n)
+        return cute.compile[cute.GPUArch("sm_90a")](
+            scale, x, y, factor, cuda.CUstream(0), block=block
+        )
     return cute.compile[cute.GPUArch("sm_90a"), cute.EnableTVMFFI(True)](
         scale, *arguments(n), block=block
     )
@@ -34,9 +41,9 @@ def main(specs: list[str]) -> None:
 
     compile_hook.install_hook()
     for spec in specs:
-        n, block = map(int, spec.split(":"))
+        n, block, *abi = spec.split(":")
         try:
-            compiled = compile_scale(n, block)
+            compiled = compile_scale(int(n), int(block), tvm_ffi=abi != ["c"])
             outcome = {"type": type(compiled).__name__}
         except Exception as exc:
             outcome = {"error": type(exc).__name__, "message": str(exc)}
