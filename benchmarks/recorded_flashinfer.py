@@ -2,12 +2,16 @@
 
 One sweep of FlashInfer 0.7.4 public functions whose sm_90 path reaches `cute.compile` (GDN
 decode: nontranspose, pretranspose with fp32 and bf16 state, default and explicit scale, over
-Qwen3-Next head layouts at TP 1..8 and decode batches 1..512; RMSNorm / fused add RMSNorm over
-common hidden sizes) plus a user's plain `@cute.jit` kernel (tests/user_kernels/scale.py). Each
-phase is a fresh process running the sweep twice, with inputs made from a seed per call:
+Qwen3-Next head layouts at TP 1..8 and decode batches 1..512; GDN MTP decode of 2..4 tokens with
+fp32 and bf16 state pools; RMSNorm / fused add RMSNorm over common
+hidden sizes) plus a user's plain `@cute.jit` kernel (tests/user_kernels/scale.py), compiled with
+and without TVM-FFI. Each phase is a fresh process running the sweep twice, with inputs made
+from a seed per call:
 
     record  CUTE_AOT_RECORD=FILE: FlashInfer compiles as usual; every distinct call is recorded
     jit     FlashInfer's own JIT, its disk cache off (the baseline the others are compared with)
+    bare    no cute-aot hook on cute.compile at all (run with --keep-disk-cache, its per-call
+            times against disk's are what the hook costs calls that never reach cute.compile)
     disk    FlashInfer's disk cache, filled by an earlier `jit --keep-disk-cache` process
     aot     CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot with the bundles built from the record
     family  the hand-written flashinfer_gdn_decode family (CUTE_AOT_BUNDLES holding its keys,
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -42,6 +47,7 @@ LAYOUTS = (
 )  # Qwen3-Next-80B (H, HV) at TP 1, 2, 4, 8; K = V = 128
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 HIDDEN = (2048, 4096, 5120, 7168, 8192)
+MTP_TOKENS = (2, 3, 4)  # draft tokens + 1 of speculative decoding
 STEADY_CALLS = 200  # back-to-back calls on fixed inputs: what a served call costs
 
 
@@ -96,6 +102,7 @@ def sweep(torch, device):
 
                         name = f"gdn decode pretranspose {str(state_dtype)[6:]} state"
                         calls.append((name, params, pretranspose))
+    calls += mtp_calls(torch, device, randn, gdn)
     for hidden in HIDDEN:
         for rows in (1, 256):
 
@@ -117,8 +124,51 @@ def sweep(torch, device):
     return calls
 
 
+def mtp_calls(torch, device, randn, gdn):
+    """GDN decode of T > 1 tokens per request (MTP / speculative decoding), states in a pool:
+    fp32 state (gated_delta_rule_mtp) and bf16 state (the pretranspose API with T > 1), each
+    caching every token's state in an intermediate buffer and leaving the pool as it was."""
+    calls = []
+    for (h, hv), batches in ((LAYOUTS[0], (1, 8, 64)), (LAYOUTS[2], (1, 64))):
+        for tokens in MTP_TOKENS:
+            for batch in batches:
+                for state in ("fp32", "bf16"):
+                    dtype = torch.float32 if state == "fp32" else torch.bfloat16
+
+                    def run(seed, h=h, hv=hv, batch=batch, tokens=tokens, state=state, dtype=dtype):
+                        gen = torch.Generator(device=device).manual_seed(seed)
+                        q = randn(gen, batch, tokens, h, 128)
+                        k = randn(gen, batch, tokens, h, 128)
+                        v = randn(gen, batch, tokens, hv, 128)
+                        a, b = randn(gen, batch, tokens, hv), randn(gen, batch, tokens, hv)
+                        a_log = randn(gen, hv, dtype=torch.float32)
+                        dt_bias = randn(gen, hv, dtype=torch.float32)
+                        pool = randn(gen, batch + 1, hv, 128, 128, dtype=dtype)  # slot 0 spare
+                        slots = torch.arange(1, batch + 1, device=device, dtype=torch.int32)
+                        inter = torch.empty(batch, tokens, hv, 128, 128, device=device, dtype=dtype)
+                        if state == "fp32":
+                            out, _ = gdn.gated_delta_rule_mtp(
+                                q, k, v, pool, slots, a_log, a, dt_bias, b, scale=128**-0.5,
+                                intermediate_states_buffer=inter, disable_state_update=True,
+                                use_qk_l2norm=True)  # fmt: skip
+                        else:
+                            out, _ = gdn.gated_delta_rule_decode_pretranspose(
+                                q, k, v, None, a_log, a, dt_bias, b, scale=128**-0.5,
+                                use_qk_l2norm=True, initial_state=pool, initial_state_indices=slots,
+                                intermediate_states_buffer=inter, disable_state_update=True,
+                                backend="flashinfer")  # fmt: skip
+                        return out, inter, pool
+
+                    params = {"H": h, "HV": hv, "B": batch, "T": tokens}
+                    calls.append((f"gdn mtp {state} state", params, run))
+    return calls
+
+
 def user_kernel_calls(torch, device):
-    """A plain @cute.jit kernel in user code, compiled with cute.compile (no family)."""
+    """A plain @cute.jit kernel in user code, compiled with cute.compile (no family): with
+    TVM-FFI (called on torch tensors) and without (the DSL's own convention: cute tensors from
+    from_dlpack and a CUDA stream), each served as the caller's own compile would be."""
+    import cuda.bindings.driver as cuda
     import cutlass.cute as cute
     from cutlass.cute.runtime import from_dlpack, make_fake_stream
 
@@ -126,20 +176,28 @@ def user_kernel_calls(torch, device):
 
     compiled = {}
 
-    def run(seed, n, block):
+    def run(seed, n, block, abi):
         gen = torch.Generator(device=device).manual_seed(seed)
         x = torch.randn(n, device=device, generator=gen)
         y = torch.empty_like(x)
-        if block not in compiled:  # the user's own cache, as such code keeps one
-            compiled[block] = cute.compile[cute.EnableTVMFFI(True)](
-                scale, from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
-                from_dlpack(y, assumed_align=16).mark_layout_dynamic(), 1.0,
-                make_fake_stream(use_tvm_ffi_env_stream=True), block=block)  # fmt: skip
-        compiled[block](x, y, 0.5)
+        if abi == "tvm_ffi":
+            if (block, abi) not in compiled:  # the user's own cache, as such code keeps one
+                compiled[block, abi] = cute.compile[cute.EnableTVMFFI(True)](
+                    scale, from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
+                    from_dlpack(y, assumed_align=16).mark_layout_dynamic(), 1.0,
+                    make_fake_stream(use_tvm_ffi_env_stream=True), block=block)  # fmt: skip
+            compiled[block, abi](x, y, 0.5)
+            return (y,)
+        tensors = [from_dlpack(t, assumed_align=16).mark_layout_dynamic() for t in (x, y)]
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        if (block, abi) not in compiled:
+            compiled[block, abi] = cute.compile(scale, *tensors, 1.0, stream, block=block)
+        compiled[block, abi](*tensors, 0.5, stream)
         return (y,)
 
-    return [("user kernel scale", {"n": n, "block": block}, lambda seed, n=n, block=block: run(seed, n, block))
-            for block in (128, 256) for n in (1000, 1 << 20)]  # fmt: skip
+    return [(f"user kernel scale ({abi})", {"n": n, "block": block},
+             lambda seed, n=n, block=block, abi=abi: run(seed, n, block, abi))
+            for abi in ("tvm_ffi", "c") for block in (128, 256) for n in (1000, 1 << 20)]  # fmt: skip
 
 
 def digest(tensors) -> str:
@@ -166,13 +224,13 @@ def main():
 
 
 @main.command()
-@click.option("--phase", type=click.Choice(["record", "jit", "disk", "aot", "family"]),
+@click.option("--phase", type=click.Choice(["record", "jit", "bare", "disk", "aot", "family"]),
               required=True)  # fmt: skip
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
 @click.option("--keep-disk-cache", is_flag=True, help="jit: let FlashInfer fill its disk cache.")
 def run(phase, out_path, keep_disk_cache):
     """One phase, in this process (set the environment the phase names before calling)."""
-    if phase in ("record", "jit", "aot", "family") and not keep_disk_cache:
+    if phase in ("record", "jit", "bare", "aot", "family") and not keep_disk_cache:
         os.environ["FLASHINFER_CUTE_DSL_DISABLE_CACHE"] = "1"
     started = time.perf_counter()
     import torch
@@ -181,9 +239,22 @@ def run(phase, out_path, keep_disk_cache):
     import cute_aot.runtime  # noqa: F401  (CUTE_AOT_RECORD / CUTE_AOT_INTERCEPT take effect here)
     from cute_aot.runtime import compile_hook
 
-    compile_hook.install_hook()  # counts every real compile: compile_hook.executed()
+    if phase != "bare":  # bare: cute.compile as cutlass-dsl defines it (what the hook costs)
+        compile_hook.install_hook()  # counts every real compile: compile_hook.executed()
     import flashinfer  # noqa: F401
 
+    served_seconds = [0.0]  # time inside the hook's lookups (the rest of readiness is not ours)
+    if phase == "aot":
+        lookup = compile_hook._served
+
+        def timed_lookup(*args):
+            t0 = time.perf_counter()
+            try:
+                return lookup(*args)
+            finally:
+                served_seconds[0] += time.perf_counter() - t0
+
+        compile_hook._served = timed_lookup
     installed = None
     if phase == "family":
         from cute_aot.runtime import flashinfer as served
@@ -228,10 +299,11 @@ def run(phase, out_path, keep_disk_cache):
         "import_seconds": imported,
         "calls": len(calls),
         "failed": [r for r in second if not r["ok"]],
-        "compiles": compile_hook.executed(),
+        "compiles": compile_hook.executed() if phase != "bare" else None,
         "first_pass_seconds": sum(r["seconds"] for r in first),
         "second_pass_seconds": sum(r["seconds"] for r in second),
         "counters": counters(),
+        "served_lookup_seconds": served_seconds[0],
         "installed": installed,
         "env": {
             k: v
@@ -248,6 +320,19 @@ def run(phase, out_path, keep_disk_cache):
         f"executions, first pass {report['first_pass_seconds']:.2f} s, second "
         f"{report['second_pass_seconds']:.3f} s, import {imported:.1f} s; counters {counters()}"
     )
+
+
+def steady_ratio(base: dict, other: dict) -> dict:
+    """Geomean over the calls timed in both of (other's per-call time / base's)."""
+    pairs = [(a["steady_us"], b["steady_us"])
+             for a, b in zip(base["passes"][1], other["passes"][1], strict=True)
+             if "steady_us" in a and "steady_us" in b]  # fmt: skip
+    if not pairs:
+        return {}
+    ratio = math.exp(sum(math.log(b / a) for a, b in pairs) / len(pairs))
+    return {"steady_calls_compared": len(pairs), "steady_us_ratio": ratio,
+            "steady_us_median": sorted(b for _, b in pairs)[len(pairs) // 2],
+            "baseline_steady_us_median": sorted(a for a, _ in pairs)[len(pairs) // 2]}  # fmt: skip
 
 
 @main.command()
@@ -271,12 +356,13 @@ def compare(baseline, others, out_path):
         row = {"bitwise_equal_calls": sum(same), "compared_calls": len(same),
                "compiles": other["compiles"], "failed": len(other["failed"]),
                "readiness_ms_per_kernel": 1e3 * other["readiness_seconds"] / max(kernels, 1),
-               "readiness_speedup": base["readiness_seconds"] / max(other["readiness_seconds"], 1e-9)}  # fmt: skip
+               "readiness_speedup": base["readiness_seconds"] / max(other["readiness_seconds"], 1e-9),
+               **steady_ratio(base, other)}  # fmt: skip
         summary["phases"][other["phase"]] = row
         print(f"{other['phase']}: {row['bitwise_equal_calls']}/{row['compared_calls']} bitwise equal to "
               f"{base['phase']}, {row['compiles']} cute.compile executions, readiness "
               f"{row['readiness_ms_per_kernel']:.1f} ms/kernel vs {summary['baseline_readiness_ms_per_kernel']:.1f}"
-              f" ({row['readiness_speedup']:.0f}x)")  # fmt: skip
+              f" ({row['readiness_speedup']:.0f}x); per call {row.get('steady_us_ratio', float('nan')):.3f}x")  # fmt: skip
     if out_path:
         out_path.write_text(json.dumps(summary, indent=1))
 
