@@ -71,17 +71,20 @@ Design (what a reviewer can check against the code below)
   wgmma retired (the operand slots are reused): with N % 8 == 0 (aligned_n, what every model
   layer has) the tile is staged in shared memory in out's own row-major order (rows padded by 8
   elements against bank conflicts) and written back as 16-byte row segments of out, whole rows
-  per warp, predicated on m < M and n < N. split_k = 1 stages bf16(acc * scale + bias);
-  split_k > 1 stages the fp32 partial and applies scale and bias after the reduction. Any other
-  N (split_k = 1, no swap) stores each element from registers (2-byte stores).
+  per warp, predicated on m < M and n < N. split_k = 1 stages bf16(acc * scale + bias), the
+  bias read from shared memory: when a tile's main loop starts, the first consumer threads
+  cp.async its bias slice (16 bytes each) into sBias, waited for just before the epilogue's
+  first barrier, so the epilogue never waits on global bias loads. split_k > 1 stages the fp32
+  partial and applies scale and bias after the reduction. Any other N (split_k = 1, no swap)
+  stores each element from registers (2-byte stores).
 * PDL (pdl=True): every thread executes griddepcontrol.wait after the pipeline's barriers are
   initialised and before the first global read of x / w / bias / scales and before any write of
   out; consumers execute griddepcontrol.launch_dependents after their last wgmma retired (before
   the epilogue), the producer after its last TMA was issued.  The launch sets use_pdl.
 * Barrier order per CTA: mbarrier init -> pipeline_init_arrive/wait (CTA or multicast
   cluster) -> [griddepcontrol.wait] -> main loop (full/empty mbarriers) -> named barrier 1
-  (consumers: operand slots free, or persistent: the staging buffer's previous tile stored)
-  -> stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
+  (consumers: operand slots free, or persistent: the staging buffer's previous tile stored;
+  the tile's bias pieces waited for before it, so visible to every consumer) -> stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
   join) -> store -> [persistent: next tile] -> cluster barrier (any cluster: peers done with
   this CTA's shared memory) -> exit.
 
@@ -202,6 +205,11 @@ class HopperGemm:
         # N % 8 == 0 (out rows 16-byte aligned): stage the tile in the operand slots and store
         # 16-byte segments; they must hold the padded tile (fp32 partials under split-K).
         self.aligned_n = bool(aligned_n)
+        # The tile's bias slice, fetched into shared memory (cp.async) when its main loop
+        # starts, so the epilogue reads it there instead of waiting on global loads. The
+        # staged path without split-K only (split-K adds bias after the reduction).
+        self.prefetch_bias = self.has_bias and self.aligned_n and self.split_k == 1
+        self.bias_tile = tile_m if self.swap_ab else tile_n  # bias runs along out's columns
         self.staged_dtype = Float32 if self.split_k > 1 else self.out_dtype
         staged = staged_bytes(self.out_tile, self.staged_dtype.width // 8)
         if self.aligned_n and not self.persistent and staged > need:
@@ -287,6 +295,8 @@ class HopperGemm:
         @cute.struct
         class SharedStorage:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            # Inside the first 1 KiB with the barriers (sA is 1024-aligned): no extra space.
+            sBias: cute.struct.Align[cute.struct.MemRange[BFloat16, self.bias_tile], 16]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, max(self.epilogue_bytes, 16)], 1024]
@@ -367,15 +377,41 @@ class HopperGemm:
         return first, first + 1, 1
 
     @cute.jit
-    def _epilogue_value(self, value, scale, mBias, col, N):
+    def _epilogue_value(self, value, scale, bias):
+        """bf16(acc * scale + bias), the scale for fp8 only, the bias where the key has one."""
         if cutlass.const_expr(self.scaled):
             value = value * scale
         if cutlass.const_expr(self.has_bias):
-            bias = Float32(0.0)
-            if col < N:
-                bias = mBias[col].to(Float32)
             value = value + bias
         return value.to(self.out_dtype)
+
+    @cute.jit
+    def _bias_at(self, mBias, col, N):
+        """bias[col] from global memory (0 past N, or with no bias)."""
+        bias = Float32(0.0)
+        if cutlass.const_expr(self.has_bias):
+            if col < N:
+                bias = mBias[col].to(Float32)
+        return bias
+
+    @cute.jit
+    def _fetch_bias(self, mBias, sBias, tile, tidx):
+        """Start copying this tile's bias slice into sBias (16 bytes per thread, cp.async);
+        _epilogue waits for it. N % 8 == 0, so a 16-byte piece is wholly inside N or past it
+        (whose columns are never stored)."""
+        first = tile[0] * self.bias_tile if cutlass.const_expr(self.swap_ab) else (
+            tile[1] * self.bias_tile)  # fmt: skip
+        pieces = self.bias_tile // OUT_VECTOR
+        if tidx < pieces and first + tidx * OUT_VECTOR < mBias.shape[0]:
+            atom = cute.make_copy_atom(
+                cute.nvgpu.cpasync.CopyG2SOp(), BFloat16, num_bits_per_copy=16 * 8
+            )
+            cute.copy(
+                atom,
+                cute.local_tile(mBias, (OUT_VECTOR,), (first // OUT_VECTOR + tidx,)),
+                cute.local_tile(sBias, (OUT_VECTOR,), (tidx,)),
+            )
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
     def _store_from_registers(self, acc, scale, thr_mma, mBias, mOut, tile):
@@ -389,12 +425,13 @@ class HopperGemm:
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             row, col = tCcOut[i]
             if row < M and col < N:
-                tCgOut[i] = self._epilogue_value(acc[i], scale, mBias, col, N)
+                tCgOut[i] = self._epilogue_value(acc[i], scale, self._bias_at(mBias, col, N))
 
     @cute.jit
-    def _stage(self, acc, scale, thr_mma, smem, mBias, mOut, tile):
+    def _stage(self, acc, scale, thr_mma, smem, mBias, sBias, mOut, tile):
         """Accumulators -> the staged tile, kept in out's row-major order whatever the operand
-        order: bf16(acc * scale + bias) (split_k = 1) or the fp32 partial (split_k > 1)."""
+        order: bf16(acc * scale + bias) (split_k = 1, bias from sBias) or the fp32 partial
+        (split_k > 1)."""
         M, N = mOut.shape
         tile_m, tile_n = self.tile_shape_mnk[:2]
         row_stride = self.out_tile[1] + OUT_PAD
@@ -409,14 +446,19 @@ class HopperGemm:
         tCcOut = thr_mma.partition_C(
             cute.local_tile(cute.make_identity_tensor(extent), (tile_m, tile_n), tile)
         )
+        tCcTile = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))  # static
         # Built in registers first so the copy can pair neighbouring columns (4-byte stores).
         staged = cute.make_rmem_tensor(acc.shape, self.staged_dtype)
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             if cutlass.const_expr(self.split_k > 1):
                 staged[i] = acc[i]
             else:
-                col = tCcOut[i][0] if cutlass.const_expr(self.swap_ab) else tCcOut[i][1]
-                staged[i] = self._epilogue_value(acc[i], scale, mBias, col, N)
+                axis = 0 if cutlass.const_expr(self.swap_ab) else 1
+                if cutlass.const_expr(self.prefetch_bias):
+                    bias = sBias[tCcTile[i][axis]].to(Float32)  # the tile's slice
+                else:
+                    bias = self._bias_at(mBias, tCcOut[i][axis], N)
+                staged[i] = self._epilogue_value(acc[i], scale, bias)
         cute.autovec_copy(staged, tCsOut)
 
     @cute.jit
@@ -470,12 +512,10 @@ class HopperGemm:
                         part = self._peer_segment(smem_f32, offset, peer)
                         total = [t + p for t, p in zip(total, part, strict=True)]
                     for j in cutlass.range_constexpr(OUT_VECTOR):
-                        value = total[j]
-                        if cutlass.const_expr(self.scaled):
-                            value = value * scale
+                        bias = Float32(0.0)  # the whole segment is inside N
                         if cutlass.const_expr(self.has_bias):
-                            value = value + mBias[column + j].to(Float32)
-                        staged[0, j] = value.to(self.out_dtype)
+                            bias = mBias[column + j].to(Float32)
+                        staged[0, j] = self._epilogue_value(total[j], scale, bias)
                 cute.autovec_copy(
                     staged, cute.local_tile(mOut, (1, OUT_VECTOR), (out_row, column // OUT_VECTOR))
                 )
@@ -550,8 +590,12 @@ class HopperGemm:
             scale = mXScale[0] * mWScale[0]
         # The staged tile: its own buffer when persistent, else the (idle) operand slots.
         staging = storage.sC.data_ptr() if self.persistent else storage.sA.data_ptr()
+        sBias = storage.sBias.get_tensor(cute.make_layout((self.bias_tile,)))
         for linear in cutlass.range(first, end, step, unroll=1):
             tile = self._tile_of(linear, *clusters)
+            if cutlass.const_expr(self.prefetch_bias):
+                # sBias is free: the previous tile's _stage finished before its second barrier.
+                self._fetch_bias(mBias, sBias, tile, tidx)
             acc.fill(0.0)
             if cutlass.const_expr(self.promote):
                 # Each k-tile into a zeroed second set, then added in full fp32.
@@ -589,16 +633,19 @@ class HopperGemm:
                     release.advance()
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
-            self._epilogue(acc, scale, thr_mma, staging, mBias, mOut, tile, tidx, split)
+            self._epilogue(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split)
 
     @cute.jit
-    def _epilogue(self, acc, scale, thr_mma, staging, mBias, mOut, tile, tidx, split):
+    def _epilogue(self, acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split):
         """(scale) + bias -> bf16 -> out, through shared memory when N % 8 == 0."""
         if cutlass.const_expr(self.aligned_n):
+            if cutlass.const_expr(self.prefetch_bias):
+                cute.arch.cp_async_wait_group(0)  # this thread's bias piece has landed
             # Every consumer warpgroup's wgmma has retired (the operand slots are free) and,
-            # persistent, has stored the previous tile from the staging buffer.
+            # persistent, has stored the previous tile from the staging buffer; every bias
+            # piece is visible to all consumer threads.
             cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
-            self._stage(acc, scale, thr_mma, staging, mBias, mOut, tile)
+            self._stage(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile)
             if cutlass.const_expr(self.split_k > 1):
                 cute.arch.cluster_arrive()  # release: this CTA's partial is visible
                 cute.arch.cluster_wait()  # acquire: every peer's partial is
