@@ -182,6 +182,21 @@ def test_enumeration_is_small_and_covers_dispatch():
     assert 2 <= len(family.enumerate_keys(ARCH, table=HANDWRITTEN)) <= 48
 
 
+@pytest.mark.parametrize("fam", [family, fp8_family], ids=["bf16", "fp8"])
+def test_any_m_asks_for_a_key_that_its_buckets_enumerate(fam):
+    """What is built is what is asked: a build enumerates each shape at M_BUCKETS, so every
+    other M (2049 between buckets, 300 in the cost model's band, 20000 past the last) must
+    dispatch to one of those keys, tuned shape or not, N % 8 or not, bias or not (the wave
+    model once picked 64 x 256 tiles at M = 2049, N = 1000: 33 x 4 tiles, one whole wave)."""
+    for n, k in ((4096, 4096), (576, 7168), (1000, 4096), (3000, 1008), (1001, 4096), (136, 80)):
+        for has_bias in (False, True):
+            built = {fam.dispatch(p, ARCH).key for p in fam.problems((n, k))
+                     if p.has_bias == has_bias}  # fmt: skip
+            for m in (*range(1, 600), *range(600, 20000, 97), 2049, 4097, 8193):
+                key = fam.dispatch(GemmProblem(m, n, k, fam.dtype, has_bias), ARCH).key
+                assert key in built, (m, n, k, has_bias, key.describe())
+
+
 def test_the_default_table_is_the_one_aot_tune_measured():
     for fam in (family, fp8_family):
         table = fam.default_table(ARCH)

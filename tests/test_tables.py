@@ -90,11 +90,12 @@ def test_gemm_tuned_rows_serve_their_m_range():
     assert row["m"] == [129, 256] and row["runner_up_us"] == 12.0
     for m in (129, 200, 256):
         assert GEMM.dispatch(GemmProblem(m, 4096, 4096), ARCH, table).key == best
-    for m, n in ((128, 4096), (257, 4096)):  # another M bucket: the rule
-        problem = GemmProblem(m, n, 4096)
-        assert (
-            GEMM.dispatch(problem, ARCH, table).key == GEMM.dispatch(problem, ARCH, handwritten).key
-        )
+    below = GemmProblem(128, 4096, 4096)  # another M bucket, no row: the rule
+    assert GEMM.dispatch(below, ARCH, table).key == GEMM.dispatch(below, ARCH, handwritten).key
+    # Past the row, M = 257 is in M = 512's bucket and is chosen there (the wave model).
+    above = GEMM.dispatch(GemmProblem(257, 4096, 4096), ARCH, table)
+    assert above.key == GEMM.dispatch(GemmProblem(512, 4096, 4096), ARCH, table).key
+    assert "wave model" in above.reason
     other_shape = GEMM.dispatch(GemmProblem(200, 6144, 4096), ARCH, table)  # the nearest row
     assert dataclasses.replace(other_shape.key, stages=best.stages) == best
     assert "least measured cost of the tuned rows (won at N=4096 K=4096)" in other_shape.reason

@@ -70,7 +70,7 @@ M_BUCKETS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
 SWAP_TILE_N: tuple[int, ...] = (8, 16, 32, 64)
 # Tile widths between the powers of two: where N / 128 tiles leave a wave part-empty (ncu on the
 # H200: cuBLAS ran M=256 N=5120 with 80-wide tiles on 128 SMs while our 128 wide took 80).
-FILL_TILE_N: tuple[int, ...] = (80, 96, 112, 160, 192)
+FILL_TILE_N: tuple[int, ...] = (80, 96, 112, 144, 160, 192)
 SPLITS: tuple[int, ...] = (1, 2, 4, 8)  # split-K: CTAs per output tile (a 1x1xS cluster)
 SMS = 132  # H200 SMs
 # Split-K adds CTAs only up to about this many: past it, aot-tune on the H200 measured the
@@ -296,7 +296,7 @@ def _shape_row(data: dict, m: int, n: int, k: int) -> dict | None:
 # over the 23 default shapes at M 512..8192 (aot-tune, H200, bf16). The larger tiles are the
 # cheapest per element; the smaller ones win only when they fill the waves better.
 WAVE_TILE_COST = {(128, 256): 23.8, (128, 128): 24.0, (64, 256): 30.0, (64, 128): 36.0}
-WAVE_MODEL_MIN_M = 512  # below it the tuned rows' measured costs decide (_row_cost_row)
+WAVE_MODEL_MIN_M = 512  # below its bucket the tuned rows' measured costs decide (_row_cost_row)
 
 
 def wave_model_tactic(m: int, n: int) -> tuple[dict, str]:
@@ -404,12 +404,22 @@ def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> s
 
 
 @functools.lru_cache(maxsize=4096)
+def bucket_of(m: int) -> int:
+    """The M a problem's tactic is chosen at: the smallest of M_BUCKETS holding it (the last
+    for larger M). Tuned rows span whole buckets; the models for untuned shapes (waves, tile
+    counts) would otherwise pick per M, and a key chosen at an M between buckets (say 2049)
+    would be one no build enumerated (problems() yields the buckets): a miss on the server."""
+    return next((bucket for bucket in M_BUCKETS if bucket >= m), M_BUCKETS[-1])
+
+
 def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int, int, str]:
-    """(tactic fields, stages, raster_m, why) for a problem under `table`: the one rule. A row
-    tuned for this (N, K, M range) first; for a shape with no row: up to M = 64 the nearest tuned
-    shape's row, then the tuned tactic with the least measured cost scaled to this shape, from
-    M = 512 the wave model; with no row at this M (or N % 8 != 0, which the
-    swap-AB / split-K / persistent rows cannot serve), the hand-written rule."""
+    """(tactic fields, stages, raster_m, why) for a problem under `table`: the one rule, read
+    at M's bucket (bucket_of). A row tuned for this (N, K, M range) first; for a shape with no
+    row: up to M = 64 the nearest tuned shape's row, then the tuned tactic with the least
+    measured cost scaled to this shape, from the bucket of M = 512 (M > 256) the wave model;
+    with no row at this M (or N % 8 != 0, which the swap-AB / split-K / persistent rows cannot
+    serve), the hand-written rule."""
+    m = bucket_of(m)
     data = table.data
     row = _shape_row(data, m, n, k)
     if row is not None:
@@ -653,7 +663,8 @@ class GemmSm90Family(KernelFamily):
     def tune_candidates(self, problem, arch: str) -> list[GemmSm90Key]:
         """The tactics worth timing at this M: swap-AB (tile fitted to M) and 64-row tiles for
         decode sizes; every tile up to 128 x 128 split or not, and the wide ones, for mid M;
-        the unsplit tiles with their clusters and rasters, and split 128-row tiles, above."""
+        the unsplit tiles (fill widths included) with their clusters and rasters, and split
+        128-row tiles, above."""
         problem = GemmProblem(*problem)
         check_problem(problem, self.name)
         aligned_n = problem.n % OUT_VECTOR == 0
@@ -666,7 +677,9 @@ class GemmSm90Family(KernelFamily):
                 return key.tile_m == 64 and key.tile_n <= 128 and key.cluster_m == key.cluster_n
             if m <= 256:
                 return not key.persistent
-            return (key.split_k == 1 or key.tile_m == 128) and key.tile_n not in FILL_TILE_N
+            # Fill widths too: a width whose tiles land on whole waves (N = 576 in 4 tiles of
+            # 144, N = 5120 in 32 of 160) beats the padded or wave-split power-of-two tiles.
+            return key.split_k == 1 or key.tile_m == 128
 
         return [
             key for key in self.tactic_space(arch, aligned=(aligned_n,))
