@@ -140,13 +140,17 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
         assert f"nearest tuned shape N={near['n']} K={near['k']}" in dispatch.reason
         assert (dispatch.key.tile_m, dispatch.key.tile_n, dispatch.key.swap_ab) == (
             near["tile_m"], near["tile_n"], near.get("swap_ab", False))  # fmt: skip
-    # 4608 x 512: 144 tiles of 128 x 128 would take two waves for 1.09 waves of work; 72 tiles
-    # of 128 x 256 take one.
+    # 4608 x 512: 144 tiles of 128 x 128 would take two waves for 1.09 waves of work, 72 tiles
+    # of 128 x 256 one wave with 1.8x the work per SM of 128 tiles of 128 x 144 (a fill width).
     wide = family.dispatch(GemmProblem(512, 4608, 3584), ARCH)
-    assert "wave model: 72 persistent tiles of 128x256 in 1 wave(s)" in wide.reason
-    assert (wide.key.persistent, wide.key.cluster_m, wide.key.split_k) == (True, 2, 1)
-    fp8 = fp8_family.dispatch(GemmProblem(512, 4608, 3584, FP8_DTYPE), ARCH).key
-    assert fp8.promote and fp8.tile_n == 128  # untuned fp8 is promoted: no accuracy check ran
+    assert "wave model: 128 tiles (fill width) of 128x144 in 1 wave(s)" in wide.reason
+    assert (wide.key.persistent, wide.key.cluster_m, wide.key.split_k) == (False, 1, 1)
+    # At 8192 x 4608 every tile takes several waves: the cheapest per element, persistent.
+    large = family.dispatch(GemmProblem(8192, 4608, 3584), ARCH).key
+    assert (large.tile_m, large.tile_n, large.persistent, large.cluster_m) == (128, 256, True, 2)
+    fp8 = fp8_family.dispatch(GemmProblem(512, 4608, 3584, FP8_DTYPE), ARCH)
+    # untuned fp8 is promoted (no accuracy check ran): only tiles whose second set fits
+    assert fp8.key.promote and fp8.key.tile_n <= 128 and "narrows" not in fp8.reason
     exact = family.dispatch(GemmProblem(1, 4096, 4096), ARCH)
     assert exact.reason.startswith("tuned row for N=4096 K=4096")
     unaligned = family.dispatch(GemmProblem(1, 1001, 4096), ARCH)

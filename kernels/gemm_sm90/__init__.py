@@ -296,25 +296,39 @@ def _shape_row(data: dict, m: int, n: int, k: int) -> dict | None:
 # over the 23 default shapes at M 512..8192 (aot-tune, H200, bf16). The larger tiles are the
 # cheapest per element; the smaller ones win only when they fill the waves better.
 WAVE_TILE_COST = {(128, 256): 23.8, (128, 128): 24.0, (64, 256): 30.0, (64, 128): 36.0}
+# The fill widths (non-persistent, 1x1 cluster) in the same unit: medians over the four shapes
+# re-tuned with them at M 512..8192 (aot-tune, H200, bf16), scaled by 128 x 256's cost there.
+# Dearer per element, they win where their tile count lands on whole waves (N = 4608, M = 512:
+# 128 tiles of 128 x 144 in one wave, against 72 of 128 x 256 doing 1.8x the work per SM).
+FILL_WAVE_TILE_COST = {(128, 192): 24.5, (128, 144): 25.9, (128, 160): 26.3, (128, 112): 28.5,
+                       (128, 96): 30.4, (64, 192): 30.4, (64, 160): 32.6, (64, 144): 33.0}  # fmt: skip
 WAVE_MODEL_MIN_M = 512  # below its bucket the tuned rows' measured costs decide (_row_cost_row)
 
 
-def wave_model_tactic(m: int, n: int) -> tuple[dict, str]:
-    """For a large-M shape nobody tuned: the persistent tile with the least cost x tile x waves
-    (whole waves of SMS tiles: a tile count just past a wave costs the whole next wave), w tile
-    multicast to a 2x1 cluster where there are two M tiles to share it. Within 3% (geomean) of
-    the measured best on the tuned shapes, where a fixed tile or the nearest row lost up to 45%."""
+def wave_model_tactic(m: int, n: int, promoted: bool = False) -> tuple[dict, str]:
+    """For a large-M shape nobody tuned: the tile with the least cost x tile x waves (whole
+    waves of SMS tiles: a tile count just past a wave costs the whole next wave). A persistent
+    tile multicasts the w tile to a 2x1 cluster where there are two M tiles to share it; a fill
+    width runs one CTA per tile. `promoted` (fp8): only tiles whose second accumulator set
+    fits. On the tuned shapes the persistent tiles alone were within 3% (geomean) of the
+    measured best, where a fixed tile or the nearest row lost up to 45%."""
+    tiles = [(tile, True) for tile in WAVE_TILE_COST]
+    tiles += [(tile, False) for tile in FILL_WAVE_TILE_COST]
+    if promoted:
+        tiles = [(tile, walks) for tile, walks in tiles if can_promote(*tile)]
 
-    def cost(tile):
-        waves = -(-tiles_of({"tile_m": tile[0], "tile_n": tile[1]}, m, n) // SMS)
-        return WAVE_TILE_COST[tile] * tile[0] * tile[1] * waves
+    def cost(choice):
+        (tile_m, tile_n), walks = choice
+        waves = -(-tiles_of({"tile_m": tile_m, "tile_n": tile_n}, m, n) // SMS)
+        per_element = (WAVE_TILE_COST if walks else FILL_WAVE_TILE_COST)[tile_m, tile_n]
+        return per_element * tile_m * tile_n * waves
 
-    tile_m, tile_n = min(WAVE_TILE_COST, key=cost)
-    tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": 2 if m > tile_m else 1,
-              "cluster_n": 1, "swap_ab": False, "split_k": 1, "persistent": True}  # fmt: skip
-    tiles = tiles_of(tactic, m, n)
-    return tactic, (f"wave model: {tiles} persistent tiles of {tile_m}x{tile_n} in "
-                    f"{-(-tiles // SMS)} wave(s)")  # fmt: skip
+    (tile_m, tile_n), walks = min(tiles, key=cost)
+    tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": 2 if walks and m > tile_m else 1,
+              "cluster_n": 1, "swap_ab": False, "split_k": 1, "persistent": walks}  # fmt: skip
+    count = tiles_of(tactic, m, n)
+    kind = "persistent tiles" if walks else "tiles (fill width)"
+    return tactic, f"wave model: {count} {kind} of {tile_m}x{tile_n} in {-(-count // SMS)} wave(s)"
 
 
 DECODE_MAX_M = 64  # up to here an untuned shape takes its nearest tuned shape's row
@@ -450,10 +464,10 @@ def _from_row(row: dict, data: dict, k: int, dtype: str, which: str):
 
 
 def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
-    tactic, why = wave_model_tactic(m, n)
+    tactic, why = wave_model_tactic(m, n, promoted=dtype == FP8_DTYPE)
     note = _promote_fp8(tactic, dtype)  # fast accumulation: not without a measurement
     why += f"; {note}" if note else ""
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], True)
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
     return tactic, stages, data["raster_m"], f"N={n} K={k} not tuned: {why}"
 
 
