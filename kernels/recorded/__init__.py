@@ -37,8 +37,10 @@ def canonical(value) -> str:
 def asks_tvm_ffi(identity: dict) -> bool:
     """Whether the call compiled for TVM-FFI (the option, or CUTE_DSL_ENABLE_TVM_FFI set when
     it was made): what the caller then calls, so what the build exports and the hook returns."""
-    flag = (identity.get("env") or {}).get("CUTE_DSL_ENABLE_TVM_FFI", "").lower()
-    return bool((identity.get("options") or {}).get("EnableTVMFFI")) or flag in ("1", "true")
+    env, options = identity.get("env"), identity.get("options")
+    flag = env.get("CUTE_DSL_ENABLE_TVM_FFI", "") if isinstance(env, dict) else ""
+    asked = options.get("EnableTVMFFI") if isinstance(options, dict) else False
+    return bool(asked) or str(flag).lower() in ("1", "true")
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,13 @@ class RecordedCallKey(KernelKey):
 
     @property
     def abi(self) -> str:
-        """TVM-FFI where the caller asked for it, else the DSL's own C ABI."""
-        return "tvm_ffi" if asks_tvm_ffi(self.call_data) else "c"
+        """TVM-FFI where the caller asked for it, else the DSL's own C ABI. A `call` that is
+        not a record's (no JSON object: nothing a build could replay) keeps the default."""
+        try:
+            call = self.call_data
+        except ValueError:
+            return "tvm_ffi"
+        return "c" if isinstance(call, dict) and not asks_tvm_ffi(call) else "tvm_ffi"
 
     @property
     def hardware(self) -> dict:
