@@ -84,7 +84,8 @@ Design (what a reviewer can check against the code below)
 * Barrier order per CTA: mbarrier init -> pipeline_init_arrive/wait (CTA or multicast
   cluster) -> [griddepcontrol.wait] -> main loop (full/empty mbarriers) -> named barrier 1
   (consumers: operand slots free, or persistent: the staging buffer's previous tile stored;
-  the tile's bias pieces waited for before it, so visible to every consumer) -> stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
+  each thread's bias piece waited for before it, so all are visible to every consumer) ->
+  stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
   join) -> store -> [persistent: next tile] -> cluster barrier (any cluster: peers done with
   this CTA's shared memory) -> exit.
 
