@@ -164,6 +164,52 @@ def mtp_calls(torch, device, randn, gdn):
     return calls
 
 
+def norm_variant_calls(torch, device):
+    """`--sweep norm-variants`: FlashInfer's other CuTe DSL norms on sm_90: Gemma RMSNorm (and
+    its fused add), LayerNorm (fp32 gamma and beta) and the 3-D RMSNorm of per-head q/k norms."""
+    from flashinfer import norm
+
+    def randn(gen, *shape, dtype=torch.bfloat16):
+        return (torch.randn(*shape, device=device, generator=gen) * 0.1).to(dtype)
+
+    calls = []
+    for hidden in (2048, 4096):
+        for rows in (1, 256):
+            params = {"hidden": hidden, "rows": rows}
+
+            def gemma(seed, hidden=hidden, rows=rows):
+                gen = torch.Generator(device=device).manual_seed(seed)
+                return (norm.gemma_rmsnorm(randn(gen, rows, hidden), randn(gen, hidden), 1e-6),)
+
+            def gemma_add(seed, hidden=hidden, rows=rows):
+                gen = torch.Generator(device=device).manual_seed(seed)
+                x, r, w = randn(gen, rows, hidden), randn(gen, rows, hidden), randn(gen, hidden)
+                norm.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
+                return x, r
+
+            def layer(seed, hidden=hidden, rows=rows):
+                gen = torch.Generator(device=device).manual_seed(seed)
+                x = randn(gen, rows, hidden)
+                gamma, beta = (randn(gen, hidden, dtype=torch.float32) for _ in range(2))
+                return (norm.layernorm(x, gamma, beta, 1e-6),)
+
+            calls += [("gemma_rmsnorm bf16", params, gemma),
+                      ("gemma_fused_add_rmsnorm bf16", params, gemma_add),
+                      ("layernorm bf16", params, layer)]  # fmt: skip
+    for heads in (8, 32):
+        for rows in (1, 256):
+
+            def per_head(seed, heads=heads, rows=rows):
+                gen = torch.Generator(device=device).manual_seed(seed)
+                return (norm.rmsnorm(randn(gen, rows, heads, 128), randn(gen, 128), 1e-6),)
+
+            calls.append(("rmsnorm 3-D (q/k norm) bf16", {"heads": heads, "rows": rows}, per_head))
+    return calls
+
+
+SWEEPS = {"main": sweep, "norm-variants": norm_variant_calls}
+
+
 def user_kernel_calls(torch, device):
     """A plain @cute.jit kernel in user code, compiled with cute.compile (no family): with
     TVM-FFI (called on torch tensors) and without (the DSL's own convention: cute tensors from
@@ -228,7 +274,9 @@ def main():
               required=True)  # fmt: skip
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
 @click.option("--keep-disk-cache", is_flag=True, help="jit: let FlashInfer fill its disk cache.")
-def run(phase, out_path, keep_disk_cache):
+@click.option("--sweep", "sweep_name", type=click.Choice(sorted(SWEEPS)), default="main",
+              show_default=True, help="Which calls: the main sweep, or FlashInfer's other norms.")  # fmt: skip
+def run(phase, out_path, keep_disk_cache, sweep_name):
     """One phase, in this process (set the environment the phase names before calling)."""
     if phase in ("record", "jit", "bare", "aot", "family") and not keep_disk_cache:
         os.environ["FLASHINFER_CUTE_DSL_DISABLE_CACHE"] = "1"
@@ -262,7 +310,7 @@ def run(phase, out_path, keep_disk_cache):
         installed = served.install(["flashinfer_gdn_decode"])
     imported = time.perf_counter() - started
     device = torch.device("cuda")
-    calls = sweep(torch, device)
+    calls = SWEEPS[sweep_name](torch, device)
     passes = []
     for _ in range(2):
         rows = []
@@ -295,6 +343,7 @@ def run(phase, out_path, keep_disk_cache):
 
     report = {
         "phase": phase,
+        "sweep": sweep_name,
         "gpu": torch.cuda.get_device_name(),
         "import_seconds": imported,
         "calls": len(calls),
@@ -362,7 +411,8 @@ def compare(baseline, others, out_path):
         print(f"{other['phase']}: {row['bitwise_equal_calls']}/{row['compared_calls']} bitwise equal to "
               f"{base['phase']}, {row['compiles']} cute.compile executions, readiness "
               f"{row['readiness_ms_per_kernel']:.1f} ms/kernel vs {summary['baseline_readiness_ms_per_kernel']:.1f}"
-              f" ({row['readiness_speedup']:.0f}x); per call {row.get('steady_us_ratio', float('nan')):.3f}x")  # fmt: skip
+              f" ({row['readiness_speedup']:.0f}x)"
+              + (f"; per call {row['steady_us_ratio']:.3f}x" if "steady_us_ratio" in row else ""))  # fmt: skip
     if out_path:
         out_path.write_text(json.dumps(summary, indent=1))
 
