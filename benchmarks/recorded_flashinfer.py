@@ -51,13 +51,18 @@ MTP_TOKENS = (2, 3, 4)  # draft tokens + 1 of speculative decoding
 STEADY_CALLS = 200  # back-to-back calls on fixed inputs: what a served call costs
 
 
+def randn(gen, *shape, dtype=None):
+    """Every call's inputs: N(0, 0.1^2) from `gen`, on its device, bf16 unless told."""
+    import torch
+
+    values = torch.randn(*shape, device=gen.device, generator=gen) * 0.1
+    return values.to(dtype or torch.bfloat16)
+
+
 def sweep(torch, device):
     """[(name, params, run)]: run() makes its inputs from a seed and returns the output tensors."""
     from flashinfer import gdn_decode as gdn
     from flashinfer import norm
-
-    def randn(gen, *shape, dtype=torch.bfloat16):
-        return (torch.randn(*shape, device=device, generator=gen) * 0.1).to(dtype)
 
     calls = []
     for h, hv in LAYOUTS:
@@ -102,7 +107,7 @@ def sweep(torch, device):
 
                         name = f"gdn decode pretranspose {str(state_dtype)[6:]} state"
                         calls.append((name, params, pretranspose))
-    calls += mtp_calls(torch, device, randn, gdn)
+    calls += mtp_calls(torch, device, gdn)
     for hidden in HIDDEN:
         for rows in (1, 256):
 
@@ -124,7 +129,7 @@ def sweep(torch, device):
     return calls
 
 
-def mtp_calls(torch, device, randn, gdn):
+def mtp_calls(torch, device, gdn):
     """GDN decode of T > 1 tokens per request (MTP / speculative decoding), states in a pool:
     fp32 state (gated_delta_rule_mtp) and bf16 state (the pretranspose API with T > 1), each
     caching every token's state in an intermediate buffer and leaving the pool as it was."""
@@ -168,9 +173,6 @@ def norm_variant_calls(torch, device):
     """`--sweep norm-variants`: FlashInfer's other CuTe DSL norms on sm_90: Gemma RMSNorm (and
     its fused add), LayerNorm (fp32 gamma and beta) and the 3-D RMSNorm of per-head q/k norms."""
     from flashinfer import norm
-
-    def randn(gen, *shape, dtype=torch.bfloat16):
-        return (torch.randn(*shape, device=device, generator=gen) * 0.1).to(dtype)
 
     calls = []
     for hidden in (2048, 4096):
