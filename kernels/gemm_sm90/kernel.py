@@ -582,7 +582,6 @@ class HopperGemm:
         part = None
         if cutlass.const_expr(self.promote):
             part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
-        k_blocks = cute.size(tCrA, mode=[2])
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -603,11 +602,7 @@ class HopperGemm:
                 for _ in cutlass.range(k_tiles, unroll=1):
                     main_pipe.consumer_wait(read)
                     part.fill(0.0)
-                    cute.nvgpu.warpgroup.fence()
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read.index)
-                        cute.gemm(tiled_mma, part, tCrA[slot], tCrB[slot], part)
-                    cute.nvgpu.warpgroup.commit_group()
+                    self._mma_k_tile(tiled_mma, part, tCrA, tCrB, read.index)
                     cute.nvgpu.warpgroup.wait_group(0)
                     main_pipe.consumer_release(read)
                     read.advance()
@@ -616,11 +611,7 @@ class HopperGemm:
             else:
                 for k_tile in cutlass.range(k_tiles, unroll=1):
                     main_pipe.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    for k_block in cutlass.range_constexpr(k_blocks):
-                        slot = (None, None, k_block, read.index)
-                        cute.gemm(tiled_mma, acc, tCrA[slot], tCrB[slot], acc)
-                    cute.nvgpu.warpgroup.commit_group()
+                    self._mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index)
                     # Keep one wgmma batch in flight; the batch before it has now finished
                     # reading its slot, which may be refilled.
                     cute.nvgpu.warpgroup.wait_group(1)
@@ -635,6 +626,16 @@ class HopperGemm:
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
             self._epilogue(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split)
+
+    @cute.jit
+    def _mma_k_tile(self, tiled_mma, into, tCrA, tCrB, slot_index):
+        """One k-tile's wgmmas from pipeline slot `slot_index` into `into`, as one committed
+        batch (the caller decides how long to let it run)."""
+        cute.nvgpu.warpgroup.fence()
+        for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            slot = (None, None, k_block, slot_index)
+            cute.gemm(tiled_mma, into, tCrA[slot], tCrB[slot], into)
+        cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
     def _epilogue(self, acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split):
