@@ -49,7 +49,6 @@ class Call:
 
     identity: dict
     examples: list  # per argument (positional, then keyword by name): concrete values
-    tvm_ffi: bool
     signature: dict  # kwargs wrapper spec of the compiled function: names and defaults
     arch: str | None = None  # the architecture the options name, if they do
 
@@ -59,6 +58,11 @@ class Call:
         if device is not None:
             replay["device"] = device
         return RecordedCallKey(call=canonical(self.identity), replay=canonical(replay))
+
+    @property
+    def tvm_ffi(self) -> bool:
+        """Whether the caller compiled for TVM-FFI (then it calls a TVM-FFI function)."""
+        return asks_tvm_ffi(self.identity)
 
     @property
     def target(self) -> str:
@@ -120,7 +124,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     }
     arch = compile_options.get("GPUArch") or None
     signature = _wrapper_spec(bound.signature, bound)
-    return Call(identity, examples, asks_tvm_ffi(identity), signature, arch)
+    return Call(identity, examples, signature, arch)
 
 
 def _qualified(obj) -> str:
