@@ -26,6 +26,7 @@ from cute_aot.kernels.gemm_sm90 import (
     fp8_family,
     handwritten_table,
     stages_for,
+    tactic_refusal,
 )
 from cute_aot.kernels.tables import Table
 
@@ -60,8 +61,8 @@ def test_key_is_frozen_with_a_stable_canonical_form():
     assert fields["family"] == "gemm_sm90"
     assert set(fields) == {
         "family", "dtype", "has_bias", "tile_m", "tile_n", "cluster_m", "cluster_n", "stages",
-        "pdl", "raster_m", "aligned_n", "swap_ab", "split_k", "promote", "persistent", "out_dtype",
-        "align_bytes", "version",
+        "pdl", "raster_m", "aligned_n", "swap_ab", "split_k", "promote", "persistent", "pingpong",
+        "out_dtype", "align_bytes", "version",
     }  # fmt: skip
     assert GemmSm90Key.from_fields(fields) == key
     assert key.symbol == f"gemm_sm90_{key.id}"
@@ -347,6 +348,48 @@ def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     else:
         assert opcodes.get("STG", 0) == per_thread
     assert kernel["registers"] <= 168
+
+
+def test_ping_pong_tiles_are_persistent_and_fit_one_warpgroup():
+    """Ping-pong: each of two warpgroups holds a whole tile, so 128 x 256 (256 accumulators
+    per thread) is out and promotion fits only 64 x 128; each warpgroup stages its own tile."""
+    for fam in (family, fp8_family):
+        keys = [key for key in fam.tactic_space(ARCH) if key.pingpong]
+        assert keys and all(key.persistent and not key.swap_ab for key in keys)
+        tiles = {(key.tile_m, key.tile_n, key.promote) for key in keys}
+        promoted = {(64, 128, True)} if fam is fp8_family else set()
+        assert tiles == {(128, 128, False), (64, 256, False), (64, 128, False)} | promoted
+    # Two 128 x (128 + 8) bf16 staging buffers and two bias slices leave room for 4 stages
+    # of 32 KiB where the cooperative persistent tile has 6.
+    assert stages_for(BF16_DTYPE, 128, 128, persistent=True) == 6
+    assert stages_for(BF16_DTYPE, 128, 128, persistent=True, pingpong=True) == 4
+    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 1, 1, 4, True, 8, True, persistent=True,
+                      pingpong=True)  # fmt: skip
+    assert tactic_refusal(key) is None and "ping-pong" in key.describe()
+    walking = dataclasses.replace(key, persistent=False, stages=stages_for(BF16_DTYPE, 128, 128))
+    assert "persistent grid" in tactic_refusal(walking)
+    wide = dataclasses.replace(key, tile_n=256, stages=stages_for(BF16_DTYPE, 128, 256, True, True))
+    assert "at most 128 accumulators" in tactic_refusal(wide)
+
+
+@pytest.mark.slow
+def test_ping_pong_warpgroups_take_turns_at_the_main_loop(tmp_path):
+    """Ping-pong 128 x 128: one warpgroup issues both 64-row atoms (8 wgmma per k-tile), the
+    turn is one named-barrier arrive and its sync; no spills at 128 accumulators per thread."""
+    pytest.importorskip("cutlass")
+    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 2, 1, 4, True, 8, True, persistent=True,
+                      pingpong=True)  # fmt: skip
+    compiled = importlib.import_module(family.builder).compile(key, ARCH)
+    obj = tmp_path / f"{key.symbol}.o"
+    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
+    if not HAS_TOOLS:
+        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected")
+    (kernel,) = binary_info.inspect_object(obj)["kernels"]
+    opcodes = kernel["opcodes"]
+    assert kernel["local"] == 0 and kernel["stack"] == 0
+    assert opcodes.get("HGMMA", 0) == 8 and opcodes.get("UTMALDG", 0) == 2
+    assert opcodes.get("BAR.ARV", opcodes.get("BAR_ARV", 0)) == 1
+    assert opcodes.get("STG", 0) == 128 // 8  # 128 accumulators, 16-byte stores
 
 
 @pytest.mark.slow

@@ -111,13 +111,14 @@ RASTER_M = 8  # a wave of ~132 CTAs covers 8 M tiles x ~16 N tiles (an L2-sized 
 BLOCK_ORDER = 1 << 16  # a raster group taller than any grid: plain block order, M tiles fastest
 
 
-def accumulators_per_thread(tile_m: int, tile_n: int) -> int:
-    return tile_m * tile_n // (tile_m // 64 * 128)
+def accumulators_per_thread(tile_m: int, tile_n: int, pingpong: bool = False) -> int:
+    """A cooperative tile spreads over tile_m / 64 warpgroups; a ping-pong tile is one's."""
+    return tile_m * tile_n // ((1 if pingpong else tile_m // 64) * 128)
 
 
-def can_promote(tile_m: int, tile_n: int) -> bool:
+def can_promote(tile_m: int, tile_n: int, pingpong: bool = False) -> bool:
     """fp8 promotion holds a second accumulator set: it must fit in the registers."""
-    return 2 * accumulators_per_thread(tile_m, tile_n) <= MAX_ACC_PER_THREAD
+    return 2 * accumulators_per_thread(tile_m, tile_n, pingpong) <= MAX_ACC_PER_THREAD
 
 
 def swap_tile_n(m: int) -> int:
@@ -148,12 +149,17 @@ def auto_split(tiles: int, k_tiles: int) -> int:
     )  # fmt: skip
 
 
-def stages_for(dtype: str, tile_m: int, tile_n: int, persistent: bool = False) -> int:
+def stages_for(
+    dtype: str, tile_m: int, tile_n: int, persistent: bool = False, pingpong: bool = False
+) -> int:
     """As many pipeline stages as shared memory holds, at most MAX_STAGES; a persistent CTA
-    keeps its own buffer for the staged bf16 out tile (kernel.py: staged_bytes)."""
+    keeps its own buffer for the staged bf16 out tile (kernel.py: staged_bytes), ping-pong one
+    per warpgroup (and a second bias slice next to the barriers)."""
     per_stage = (tile_m + tile_n) * TILE_K[dtype] * ELEMENT_BYTES[dtype]
     staging = 2 * max(tile_m * (tile_n + OUT_PAD), tile_n * (tile_m + OUT_PAD)) if persistent else 0
-    return min(MAX_STAGES, (SMEM_CAPACITY - BARRIER_RESERVE - staging) // per_stage)
+    owners = 2 if pingpong else 1
+    free = SMEM_CAPACITY - owners * (BARRIER_RESERVE + staging)
+    return min(MAX_STAGES, free // per_stage)
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,7 @@ class GemmSm90Key(KernelKey):
     split_k: int = 1  # CTAs (a 1x1xS cluster) per output tile, reduced in distributed smem
     promote: bool = False  # fp8: each k-tile's sum added to fp32 accumulators (kernel.py)
     persistent: bool = False  # at most 132 CTAs, each walking tiles; epilogue under next loads
+    pingpong: bool = False  # persistent: two warpgroups own alternate tiles (kernel.py)
     out_dtype: str = OUT_DTYPE
     align_bytes: int = ALIGN_BYTES
     version: int = FAMILY_VERSION
@@ -189,6 +196,7 @@ class GemmSm90Key(KernelKey):
             f"{f' split-K {self.split_k}' if self.split_k > 1 else ''}"
             f"{' promoted' if self.promote else ''}"
             f"{' persistent' if self.persistent else ''}"
+            f"{' ping-pong' if self.pingpong else ''}"
         )
 
 
@@ -225,11 +233,17 @@ def tactic_refusal(key: GemmSm90Key) -> str | None:
     rows = key.tile_n if key.swap_ab else key.tile_m
     if rows % key.split_k:
         return f"split_k={key.split_k} must divide the out tile's {rows} rows"
-    if key.promote and (key.dtype != FP8_DTYPE or not can_promote(key.tile_m, key.tile_n)):
+    if accumulators_per_thread(key.tile_m, key.tile_n, key.pingpong) > MAX_ACC_PER_THREAD:
+        return f"a ping-pong tile holds at most {MAX_ACC_PER_THREAD} accumulators per thread"
+    if key.promote and (
+        key.dtype != FP8_DTYPE or not can_promote(key.tile_m, key.tile_n, key.pingpong)
+    ):
         return "promotion is for fp8 tiles of at most 64 accumulators per thread"
     if key.persistent and key.split_k > 1:
         return "a persistent grid walks whole tiles: split_k must be 1"
-    if key.stages != stages_for(key.dtype, key.tile_m, key.tile_n, key.persistent):
+    if key.pingpong and (not key.persistent or key.swap_ab or not key.aligned_n):
+        return "ping-pong walks whole tiles of a persistent grid (no swap-AB, N % 8 == 0)"
+    if key.stages != stages_for(key.dtype, key.tile_m, key.tile_n, key.persistent, key.pingpong):
         return "stages must fill shared memory (stages_for)"
     return None
 
@@ -325,7 +339,8 @@ def wave_model_tactic(m: int, n: int, promoted: bool = False) -> tuple[dict, str
 
     (tile_m, tile_n), walks = min(tiles, key=cost)
     tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": 2 if walks and m > tile_m else 1,
-              "cluster_n": 1, "swap_ab": False, "split_k": 1, "persistent": walks}  # fmt: skip
+              "cluster_n": 1, "swap_ab": False, "split_k": 1, "persistent": walks,
+              "pingpong": False}  # fmt: skip
     count = tiles_of(tactic, m, n)
     kind = "persistent tiles" if walks else "tiles (fill width)"
     return tactic, f"wave model: {count} {kind} of {tile_m}x{tile_n} in {-(-count // SMS)} wave(s)"
@@ -381,8 +396,9 @@ def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None
 
 
 TACTIC_FIELDS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab", "split_k", "promote",
-                 "persistent")  # fmt: skip
-TACTIC_DEFAULTS = {"swap_ab": False, "split_k": 1, "promote": False, "persistent": False}
+                 "persistent", "pingpong")  # fmt: skip
+TACTIC_DEFAULTS = {"swap_ab": False, "split_k": 1, "promote": False, "persistent": False,
+                   "pingpong": False}  # fmt: skip
 
 
 def _row_tactic(row: dict) -> dict:
@@ -459,7 +475,8 @@ def _from_row(row: dict, data: dict, k: int, dtype: str, which: str):
     tactic = _row_tactic(row)
     while not split_fits(tactic["split_k"], k_tiles_of(k, dtype)):
         tactic["split_k"] //= 2  # a neighbour's K was longer
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
+                        tactic["pingpong"])
     return tactic, stages, row.get("raster_m", data["raster_m"]), why
 
 
@@ -467,7 +484,8 @@ def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
     tactic, why = wave_model_tactic(m, n, promoted=dtype == FP8_DTYPE)
     note = _promote_fp8(tactic, dtype)  # fast accumulation: not without a measurement
     why += f"; {note}" if note else ""
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
+                        tactic["pingpong"])
     return tactic, stages, data["raster_m"], f"N={n} K={k} not tuned: {why}"
 
 
@@ -486,7 +504,8 @@ def _from_rule(m: int, n: int, k: int, dtype: str, data: dict):
         why += f"; N={n} < {data['wide_tile_min_n']} narrows tile_n to 128"
     notes = [_promote_fp8(tactic, dtype), _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)]
     why += "".join(f"; {note}" for note in notes if note)
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"])
+    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
+                        tactic["pingpong"])
     return tactic, stages, data["raster_m"], why
 
 
@@ -506,6 +525,7 @@ def dispatch_problem(
         dtype, bool(has_bias), tactic["tile_m"], tactic["tile_n"], tactic["cluster_m"],
         tactic["cluster_n"], stages, PDL, raster_m, aligned_n, bool(tactic["swap_ab"]),
         int(tactic["split_k"]), bool(tactic["promote"]), bool(tactic["persistent"]),
+        bool(tactic["pingpong"]),
     )  # fmt: skip
     reason = (
         f"{why} -> {key.describe()}, tile_k {TILE_K[dtype]}; {stages} stages fill shared memory; "
@@ -752,7 +772,7 @@ class GemmSm90Family(KernelFamily):
             return []
         promotes = (False, True) if self.dtype == FP8_DTYPE else (False,)
         unsplit = [
-            (tile_m, tile_n, cluster_m, cluster_n, raster_m, False, 1, False)
+            (tile_m, tile_n, cluster_m, cluster_n, raster_m, False, 1, False, False)
             for tile_m in (64, 128)
             for tile_n in (64, 128, 256)
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
@@ -760,34 +780,35 @@ class GemmSm90Family(KernelFamily):
                              else (RASTER_M,))
         ]  # fmt: skip
         persistent = [
-            (tile_m, tile_n, cluster_m, cluster_n, RASTER_M, False, 1, True)
+            (tile_m, tile_n, cluster_m, cluster_n, RASTER_M, False, 1, True, pingpong)
             for tile_m in (64, 128)
             for tile_n in (128, 256)
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
+            for pingpong in (False, True)
         ]
         filling = [
-            (tile_m, tile_n, cluster_m, 1, RASTER_M, False, 1, False)
+            (tile_m, tile_n, cluster_m, 1, RASTER_M, False, 1, False, False)
             for tile_m in (64, 128)
             for tile_n in FILL_TILE_N
             for cluster_m in (1, 2)
         ]
         split = [
-            (tile_m, tile_n, 1, 1, RASTER_M, False, split_k, False)
+            (tile_m, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
             for tile_m in (64, 128)
             for tile_n in (64, 128)
             for split_k in SPLITS[1:]
         ]
         swapped = [
-            (tile_m, tile_n, 1, 1, RASTER_M, True, split_k, False)
+            (tile_m, tile_n, 1, 1, RASTER_M, True, split_k, False, False)
             for tile_m in (64, 128)
             for tile_n in SWAP_TILE_N
             for split_k in SPLITS
         ]
         keys = [
             self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
-                     stages_for(self.dtype, tile_m, tile_n, walks), PDL, raster_m, aligned_n,
-                     swap_ab, split_k, promote, walks)
-            for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k, walks
+                     stages_for(self.dtype, tile_m, tile_n, walks, pingpong), PDL, raster_m,
+                     aligned_n, swap_ab, split_k, promote, walks, pingpong)
+            for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k, walks, pingpong
             in unsplit + filling + persistent + split + swapped
             for promote in promotes
             for has_bias in (False, True)

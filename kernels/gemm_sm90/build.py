@@ -43,6 +43,7 @@ def compile(key: GemmSm90Key, arch: str):
         key.split_k,
         key.promote,
         key.persistent,
+        key.pingpong,
     )
     options = f"--gpu-arch {arch} --enable-tvm-ffi"
     if key.dtype == FP8_DTYPE:

@@ -27,6 +27,17 @@ Design (what a reviewer can check against the code below)
   tile's epilogue it is already loading the next tile's first `stages` k-tiles; the epilogue
   stages through its own shared-memory buffer (not the operand slots, which are being refilled).
   Short-K shapes gain most: a CTA no longer pays a pipeline fill and an exposed epilogue per tile.
+* Ping-pong (pingpong=True, persistent only): two consumer warpgroups each own whole tiles,
+  warpgroup g the tiles g, g + 2, .. of its CTA's walk (tile_m x tile_n of at most 128
+  accumulators per thread: 128 x 128, 64 x 256, 64 x 128). The producer loads every tile's
+  k-tiles in walk order through the one pipeline, so warpgroup g skips the other's k-tiles
+  (its pipeline states advance by k_tiles per foreign tile). The main loops take turns: g
+  waits on named barrier MAIN_LOOP_TURN + g before its tile's first k-tile, and the other
+  arrives on it once it has issued its own tile's last wgmma. The turn is what keeps the
+  pipeline's parity waits exact: a warpgroup waits on a slot's "full" barrier only after every
+  earlier use of that slot was waited for, never two phases ahead. Each warpgroup's epilogue
+  (own staging buffer, own bias slice, own named barrier EPILOGUE_BARRIER + g) so runs while
+  the other's wgmmas keep the tensor cores busy, which the cooperative tile cannot do.
 * Split-K (split_k = S > 1): the S CTAs of one output tile form a cluster (1, 1, S); CTA s runs
   k-tiles [s * T / S, (s + 1) * T / S) of the T = ceil(K / tile_k). Each stages its fp32
   partial tile in its own shared memory; after a cluster barrier, CTA s reduces rows
@@ -36,11 +47,12 @@ Design (what a reviewer can check against the code below)
   kernel is needed. A final cluster barrier keeps every CTA's partial alive until its peers
   have read it. Small M with small N thus launches S times more CTAs (9-24 CTAs of 132 SMs
   was what cost the most before).
-* Warp roles, (tile_m / 64 + 1) warpgroups of 128 threads:
-    - warpgroups 0 .. C-1 (C = tile_m / 64) are consumers: warpgroup g issues the wgmma of rows
-      [64 g, 64 g + 64) of the tile (tiled MMA with atom layout (C, 1, 1), 64 x tile_n per
-      atom), fp32 accumulators in registers (tile_n / 2 per thread).  setmaxnreg raises them to
-      240 (C = 1) or 232 (C = 2) registers.
+* Warp roles, (C + 1) warpgroups of 128 threads:
+    - warpgroups 0 .. C-1 are consumers. Cooperative (C = tile_m / 64): warpgroup g issues the
+      wgmma of rows [64 g, 64 g + 64) of the tile (tiled MMA with atom layout (C, 1, 1), 64 x
+      tile_n per atom), fp32 accumulators in registers (tile_n / 2 per thread). Ping-pong (C =
+      2): each issues all tile_m / 64 atoms of its own tile (atom layout (1, 1, 1)).
+      setmaxnreg raises them to 240 (C = 1) or 232 (C = 2) registers.
     - warpgroup C is the producer: setmaxnreg lowers it to 40 registers; its warp 0 (one elected
       thread, inside cute.copy) issues the TMA loads; its other 3 warps only join the cluster
       barriers.
@@ -52,8 +64,8 @@ Design (what a reviewer can check against the code below)
   previous k-tile is released only after wait_group(1) shows its wgmma finished (one wgmma
   batch in flight, so TMA writes never race the tensor cores' reads).
 * fp8 promotion (promote=True): each k-tile's 4 wgmma (128 values of K) accumulate into a
-  zeroed second register set; after wait_group(0) it is added to the fp32 accumulators in
-  ordinary FMA precision. Hopper's fp8 tensor-core accumulation keeps about 14 bits, so without
+  second register set, the first with ACCUMULATE off (so from 0, no zeroing instructions);
+  after wait_group(0) it is added to the fp32 accumulators in ordinary FMA precision. Hopper's fp8 tensor-core accumulation keeps about 14 bits, so without
   this the error grows with K (DeepSeek-V3 report 3.3.2 promotes at the same interval). It
   costs one wgmma batch of overlap per k-tile and twice the accumulator registers (tile_n <=
   128). promote=False is the fast-accumulation variant (as torch._scaled_mm with
@@ -82,7 +94,9 @@ Design (what a reviewer can check against the code below)
   out; consumers execute griddepcontrol.launch_dependents after their last wgmma retired (before
   the epilogue), the producer after its last TMA was issued.  The launch sets use_pdl.
 * Barrier order per CTA: mbarrier init -> pipeline_init_arrive/wait (CTA or multicast
-  cluster) -> [griddepcontrol.wait] -> main loop (full/empty mbarriers) -> named barrier 1
+  cluster) -> [griddepcontrol.wait] -> [ping-pong: bar.sync MAIN_LOOP_TURN + g, except
+  warpgroup 0's first tile] -> main loop (full/empty mbarriers) -> [ping-pong: bar.arrive
+  MAIN_LOOP_TURN + 1 - g if the other has a next tile] -> named barrier 1 (ping-pong: 1 + g)
   (consumers: operand slots free, or persistent: the staging buffer's previous tile stored;
   each thread's bias piece waited for before it, so all are visible to every consumer) ->
   stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
@@ -92,6 +106,8 @@ Design (what a reviewer can check against the code below)
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
 `from __future__ import annotations` here: cute.struct reads its field annotations as objects.
 """
+
+import copy
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -110,6 +126,9 @@ WARPGROUP = 128
 OUT_VECTOR = 8  # elements per 16-byte bf16 store of the staged epilogue
 OUT_PAD = 8  # elements per staged row: rows 4 (bf16) / 8 (fp32) banks apart
 EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
+# Ping-pong: warpgroup g's epilogue barrier is EPILOGUE_BARRIER + g; "warpgroup g may start
+# its main loop" is MAIN_LOOP_TURN + g (bar.sync by g, bar.arrive by the other).
+MAIN_LOOP_TURN = 3
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}  # keeps (C * consumer + producer) * 128 <= 64 Ki registers
 MAX_ACC_PER_THREAD = 128  # fp32 accumulators a consumer thread may hold (promotion included)
@@ -144,6 +163,7 @@ class HopperGemm:
         split_k: int = 1,
         promote: bool = False,
         persistent: bool = False,
+        pingpong: bool = False,
     ):
         tile_m, tile_n = tile_mn
         if tile_m not in (64, 128):
@@ -160,6 +180,9 @@ class HopperGemm:
             raise ValueError("HopperGemm: split_k > 1 uses the cluster for K; cluster must be 1x1")
         if persistent and split_k > 1:
             raise ValueError("HopperGemm: a persistent grid walks whole tiles: split_k must be 1")
+        if pingpong and (not persistent or swap_ab or not aligned_n):
+            raise ValueError("HopperGemm: ping-pong walks whole tiles of a persistent grid "
+                             "(no swap-AB, N % 8 == 0)")
         if (swap_ab or split_k > 1) and not aligned_n:
             raise ValueError("HopperGemm: swap_ab and split_k need N % 8 == 0 (aligned_n)")
         self.ab_dtype = ab_dtype
@@ -174,14 +197,19 @@ class HopperGemm:
         self.cluster_mn = tuple(cluster_mn)
         self.stages = int(stages)
         self.persistent = bool(persistent)
+        self.pingpong = bool(pingpong)
         self.out_tile = (tile_n, tile_m) if swap_ab else (tile_m, tile_n)
-        # A persistent CTA stages its epilogue outside the operand slots (being refilled).
-        self.epilogue_bytes = staged_bytes(self.out_tile, 2) if persistent and aligned_n else 0
+        # A persistent CTA stages its epilogue outside the operand slots (being refilled);
+        # ping-pong warpgroups each have their own buffer.
+        self.staging_bytes = staged_bytes(self.out_tile, 2) if persistent and aligned_n else 0
+        self.epilogue_bytes = self.staging_bytes * (2 if self.pingpong else 1)
         need = self.stages * stage_bytes(tile_m, tile_n, self.tile_k, ab_dtype.width // 8)
-        if self.stages < 2 or need + self.epilogue_bytes + BARRIER_RESERVE > SMEM_CAPACITY:
+        reserve = BARRIER_RESERVE * (2 if self.pingpong else 1)
+        if self.stages < 2 or need + self.epilogue_bytes + reserve > SMEM_CAPACITY:
             raise ValueError(
                 f"HopperGemm: {self.stages} stages of {tile_m}x{tile_n}x{self.tile_k} need "
-                f"{need} B of shared memory (have {SMEM_CAPACITY - BARRIER_RESERVE}, min 2 stages)"
+                f"{need} B of shared memory (have {SMEM_CAPACITY - reserve - self.epilogue_bytes}, "
+                "min 2 stages)"
             )
         self.has_bias = bool(has_bias)
         self.pdl = bool(pdl)
@@ -193,8 +221,11 @@ class HopperGemm:
         self.swap_ab = bool(swap_ab)
         self.split_k = int(split_k)
         self.promote = bool(promote)
-        self.mma_warpgroups = tile_m // 64
-        per_thread = tile_m * tile_n // (self.mma_warpgroups * WARPGROUP)
+        # Cooperative: tile_m / 64 warpgroups share a tile, 64 rows each. Ping-pong: two
+        # warpgroups, each owning whole tiles (every other tile this CTA walks).
+        self.mma_warpgroups = 2 if self.pingpong else tile_m // 64
+        self.tile_warpgroups = 1 if self.pingpong else self.mma_warpgroups
+        per_thread = tile_m * tile_n // (self.tile_warpgroups * WARPGROUP)
         if per_thread * (2 if self.promote else 1) > MAX_ACC_PER_THREAD:
             raise ValueError(
                 f"HopperGemm: a {tile_m}x{tile_n} tile has {per_thread} accumulators per thread; "
@@ -217,6 +248,8 @@ class HopperGemm:
             raise ValueError(f"HopperGemm: {self.stages} stages cannot stage a {tile_mn} out tile")
         self.threads = (self.mma_warpgroups + 1) * WARPGROUP
         self.mma_threads = self.mma_warpgroups * WARPGROUP
+        self.tile_threads = self.tile_warpgroups * WARPGROUP  # consumers of one tile
+        self.tile_owners = self.mma_warpgroups // self.tile_warpgroups  # 2 for ping-pong
         self.producer_warp = self.mma_warpgroups * 4  # first warp of the producer warpgroup
         self.a_mcast = self.cluster_mn[1]  # CTAs sharing one A tile (same M, other N)
         self.b_mcast = self.cluster_mn[0]  # CTAs sharing one B tile (same N, other M)
@@ -263,7 +296,7 @@ class HopperGemm:
             LayoutEnum.from_tensor(a).sm90_mma_major_mode(),
             LayoutEnum.from_tensor(b).sm90_mma_major_mode(),
             self.acc_dtype,
-            (self.mma_warpgroups, 1, 1),
+            (self.tile_warpgroups, 1, 1),
             tiler_mn=(64, tile_n),
         )
         a_smem = sm90_utils.make_smem_layout_a(
@@ -296,8 +329,9 @@ class HopperGemm:
         @cute.struct
         class SharedStorage:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            # Inside the first 1 KiB with the barriers (sA is 1024-aligned): no extra space.
-            sBias: cute.struct.Align[cute.struct.MemRange[BFloat16, self.bias_tile], 16]
+            # One slice per warpgroup owning tiles; next to the barriers, in front of the
+            # 1024-aligned sA (BARRIER_RESERVE, plus 1 KiB for ping-pong's two slices).
+            sBias: cute.struct.Align[cute.struct.MemRange[BFloat16, self.bias_tile * self.tile_owners], 16]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, max(self.epilogue_bytes, 16)], 1024]
@@ -494,8 +528,9 @@ class HopperGemm:
             cute.make_layout((rows, cols), stride=(row_stride, 1)),
         )
         smem_f32 = cute.recast_ptr(smem, dtype=Float32)
-        for step in cutlass.range_constexpr((segments + self.mma_threads - 1) // self.mma_threads):
-            index = tidx + step * self.mma_threads
+        threads = self.tile_threads
+        for step in cutlass.range_constexpr((segments + threads - 1) // threads):
+            index = tidx + step * threads
             segment = index % per_row
             row = rank * my_rows + index // per_row
             out_row = tile_row * rows + row
@@ -569,9 +604,11 @@ class HopperGemm:
 
     @cute.jit
     def _consume(self, tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut,
-                 tidx, split, walk, clusters, k_tiles):  # fmt: skip
+                 tidx, split, walk, clusters, k_tiles, owner):  # fmt: skip
         """The consumer warpgroups: for every tile this CTA walks, the wgmma main loop over the
-        pipeline's slots into fp32 accumulators, then the epilogue."""
+        pipeline's slots into fp32 accumulators, then the epilogue. Ping-pong: warpgroup
+        `owner` takes every other tile (the producer loads them all in walk order), its
+        main loop in turn with the other's, so one's epilogue runs under the other's wgmma."""
         first, end, step = walk
         thr_mma = tiled_mma.get_slice(tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -580,8 +617,11 @@ class HopperGemm:
             thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), self.acc_dtype
         )
         part = None
+        overwrite = None
         if cutlass.const_expr(self.promote):
             part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
+            overwrite = copy.copy(tiled_mma)
+            overwrite.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -589,25 +629,44 @@ class HopperGemm:
         if cutlass.const_expr(self.scaled):
             scale = mXScale[0] * mWScale[0]
         # The staged tile: its own buffer when persistent, else the (idle) operand slots.
-        staging = storage.sC.data_ptr() if self.persistent else storage.sA.data_ptr()
-        sBias = storage.sBias.get_tensor(cute.make_layout((self.bias_tile,)))
-        for linear in cutlass.range(first, end, step, unroll=1):
+        # (The offsets are whole 16-byte vectors: assume says so, for the vectorised copies.)
+        staging = storage.sA.data_ptr()
+        if cutlass.const_expr(self.persistent):
+            offset = cute.assume(owner * self.staging_bytes, divby=1024)
+            staging = storage.sC.data_ptr() + offset
+        bias_offset = cute.assume(owner * self.bias_tile, divby=OUT_VECTOR)
+        sBias = cute.make_tensor(
+            storage.sBias.data_ptr() + bias_offset, cute.make_layout((self.bias_tile,))
+        )
+        tile_step = step * self.tile_owners
+        if cutlass.const_expr(self.pingpong):
+            # Skip the k-tiles of the other warpgroup's tile before this one's first.
+            read.advance(owner * k_tiles)
+            release.advance(owner * k_tiles)
+        for linear in cutlass.range(first + owner * step, end, tile_step, unroll=1):
             tile = self._tile_of(linear, *clusters)
             if cutlass.const_expr(self.prefetch_bias):
                 # sBias is free: the previous tile's _stage finished before its second barrier.
                 self._fetch_bias(mBias, sBias, tile, tidx)
+            if cutlass.const_expr(self.pingpong):
+                # Wait for the other warpgroup's main loop of the tile before this one: only
+                # then can this one's slots' phases not be mistaken for its.
+                if linear != first:
+                    cute.arch.barrier(barrier_id=MAIN_LOOP_TURN + owner,
+                                      number_of_threads=2 * WARPGROUP)  # fmt: skip
             acc.fill(0.0)
             if cutlass.const_expr(self.promote):
-                # Each k-tile into a zeroed second set, then added in full fp32.
+                # Each k-tile into the partial set, from 0 (ACCUMULATE off for its first
+                # k-step), then added to acc in full fp32 once its wgmmas retired.
                 for _ in cutlass.range(k_tiles, unroll=1):
                     main_pipe.consumer_wait(read)
-                    part.fill(0.0)
-                    self._mma_k_tile(tiled_mma, part, tCrA, tCrB, read.index)
+                    self._mma_k_tile(tiled_mma, part, tCrA, tCrB, read.index, overwrite)
                     cute.nvgpu.warpgroup.wait_group(0)
                     main_pipe.consumer_release(read)
                     read.advance()
                     for i in cutlass.range(cute.size(acc), unroll_full=True):
                         acc[i] = acc[i] + part[i]
+                self._pass_turn(owner, linear, step, end)
             else:
                 for k_tile in cutlass.range(k_tiles, unroll=1):
                     main_pipe.consumer_wait(read)
@@ -619,40 +678,59 @@ class HopperGemm:
                         main_pipe.consumer_release(release)
                         release.advance()
                     read.advance()
+                self._pass_turn(owner, linear, step, end)
                 cute.nvgpu.warpgroup.wait_group(0)
                 if k_tiles > 0:
                     main_pipe.consumer_release(release)
                     release.advance()
+            if cutlass.const_expr(self.pingpong):
+                read.advance(k_tiles)  # the other warpgroup's next tile
+                release.advance(k_tiles)
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
-            self._epilogue(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split)
+            self._epilogue(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split,
+                           owner)  # fmt: skip
 
     @cute.jit
-    def _mma_k_tile(self, tiled_mma, into, tCrA, tCrB, slot_index):
+    def _pass_turn(self, owner, linear, step, end):
+        """Ping-pong: every wgmma of this tile is issued; the other warpgroup, if it has a
+        next tile (linear + step), may start its main loop."""
+        if cutlass.const_expr(self.pingpong):
+            if linear + step < end:
+                cute.arch.barrier_arrive(barrier_id=MAIN_LOOP_TURN + 1 - owner,
+                                         number_of_threads=2 * WARPGROUP)  # fmt: skip
+
+    @cute.jit
+    def _mma_k_tile(self, tiled_mma, into, tCrA, tCrB, slot_index, overwrite=None):
         """One k-tile's wgmmas from pipeline slot `slot_index` into `into`, as one committed
-        batch (the caller decides how long to let it run)."""
+        batch (the caller decides how long to let it run). `overwrite`: the same MMA with
+        ACCUMULATE off, for the first k-step (the partials start from 0, not from `into`)."""
         cute.nvgpu.warpgroup.fence()
         for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            mma = overwrite if cutlass.const_expr(overwrite is not None and k_block == 0) else (
+                tiled_mma)  # fmt: skip
             slot = (None, None, k_block, slot_index)
-            cute.gemm(tiled_mma, into, tCrA[slot], tCrB[slot], into)
+            cute.gemm(mma, into, tCrA[slot], tCrB[slot], into)
         cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
-    def _epilogue(self, acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split):
+    def _epilogue(self, acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split,
+                  owner):  # fmt: skip
         """(scale) + bias -> bf16 -> out, through shared memory when N % 8 == 0."""
+        barrier = EPILOGUE_BARRIER + owner  # the tile's own consumers
         if cutlass.const_expr(self.aligned_n):
             if cutlass.const_expr(self.prefetch_bias):
                 cute.arch.cp_async_wait_group(0)  # this thread's bias piece has landed
             # Every consumer warpgroup's wgmma has retired (the operand slots are free) and,
             # persistent, has stored the previous tile from the staging buffer; every bias
             # piece is visible to all consumer threads.
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
+            cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
             self._stage(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile)
             if cutlass.const_expr(self.split_k > 1):
                 cute.arch.cluster_arrive()  # release: this CTA's partial is visible
                 cute.arch.cluster_wait()  # acquire: every peer's partial is
             else:
-                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=self.mma_threads)
+                cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
             self._store_staged(scale, staging, mBias, mOut, tile, tidx, split)
         else:
             self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
@@ -705,7 +783,7 @@ class HopperGemm:
             barrier_storage=storage.pipeline_barriers.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_threads),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.tile_threads),
             tx_count=tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
             enable_multicast_signaling=True,
@@ -740,9 +818,13 @@ class HopperGemm:
                 cute.arch.cluster_wait()
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS[self.mma_warpgroups])
+            owner = 0  # which of ping-pong's two tile owners this warpgroup is
+            if cutlass.const_expr(self.pingpong):
+                owner = warp // 4
             self._consume(
-                tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut, tidx,
-                split, (first, end, step), (clusters_m, clusters_n), k_tiles,
+                tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut,
+                tidx % self.tile_threads if self.pingpong else tidx, split, (first, end, step), (clusters_m, clusters_n),
+                k_tiles, owner,
             )  # fmt: skip
 
         # Peers multicast into, or read the partial in, this CTA's shared memory: stay resident
