@@ -149,6 +149,14 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     # At 8192 x 4608 every tile takes several waves: the cheapest per element, persistent.
     large = family.dispatch(GemmProblem(8192, 4608, 3584), ARCH).key
     assert (large.tile_m, large.tile_n, large.persistent, large.cluster_m) == (128, 256, True, 2)
+    assert not large.pingpong  # 56 k-tiles: the epilogue is a small part of a tile's time
+    # Short K (1024: 16 k-tiles): the persistent 128-row tile runs as ping-pong 128 x 128.
+    short = family.dispatch(GemmProblem(8192, 4608, 1024), ARCH)
+    assert "16 k-tiles <= 32: ping-pong 128x128" in short.reason
+    assert (short.key.tile_m, short.key.tile_n, short.key.pingpong, short.key.cluster_m) == (
+        128, 128, True, 2)  # fmt: skip
+    # fp8 without a tuned row is promoted: a ping-pong 128 x 128 tile cannot hold two sets.
+    assert not fp8_family.dispatch(GemmProblem(8192, 4608, 1024, FP8_DTYPE), ARCH).key.pingpong
     fp8 = fp8_family.dispatch(GemmProblem(512, 4608, 3584, FP8_DTYPE), ARCH)
     # untuned fp8 is promoted (no accuracy check ran): only tiles whose second set fits
     assert fp8.key.promote and fp8.key.tile_n <= 128 and "narrows" not in fp8.reason

@@ -317,9 +317,15 @@ WAVE_TILE_COST = {(128, 256): 23.8, (128, 128): 24.0, (64, 256): 30.0, (64, 128)
 FILL_WAVE_TILE_COST = {(128, 192): 24.5, (128, 144): 25.9, (128, 160): 26.3, (128, 112): 28.5,
                        (128, 96): 30.4, (64, 192): 30.4, (64, 160): 32.6, (64, 144): 33.0}  # fmt: skip
 WAVE_MODEL_MIN_M = 512  # below its bucket the tuned rows' measured costs decide (_row_cost_row)
+# Up to this many k-tiles a persistent 128-row tile runs as ping-pong 128 x 128: its epilogue
+# then hides under the other warpgroup's main loop. Against the cooperative persistent tiles
+# the tuned rows had picked, same problems (aot-tune, H200, M 512..8192), ping-pong 128 x 128
+# (cluster 2x1) ran 1.07x as fast at K 512..2048 (bf16, 8..32 k-tiles) and 1.1-1.2x (fp8,
+# 4..16), 1.00x at 32 k-tiles of fp8; from 64 k-tiles on, 0.97-1.04x: no gain to model.
+PINGPONG_MAX_K_TILES = 32
 
 
-def wave_model_tactic(m: int, n: int, promoted: bool = False) -> tuple[dict, str]:
+def wave_model_tactic(m: int, n: int, promoted: bool = False, k_tiles: int = 0) -> tuple[dict, str]:
     """For a large-M shape nobody tuned: the tile with the least cost x tile x waves (whole
     waves of SMS tiles: a tile count just past a wave costs the whole next wave). A persistent
     tile multicasts the w tile to a 2x1 cluster where there are two M tiles to share it; a fill
@@ -338,12 +344,17 @@ def wave_model_tactic(m: int, n: int, promoted: bool = False) -> tuple[dict, str
         return per_element * tile_m * tile_n * waves
 
     (tile_m, tile_n), walks = min(tiles, key=cost)
+    pingpong = walks and tile_m == 128 and not promoted and 0 < k_tiles <= PINGPONG_MAX_K_TILES
+    tile_n = 128 if pingpong else tile_n
     tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": 2 if walks and m > tile_m else 1,
               "cluster_n": 1, "swap_ab": False, "split_k": 1, "persistent": walks,
-              "pingpong": False}  # fmt: skip
+              "pingpong": pingpong}  # fmt: skip
     count = tiles_of(tactic, m, n)
     kind = "persistent tiles" if walks else "tiles (fill width)"
-    return tactic, f"wave model: {count} {kind} of {tile_m}x{tile_n} in {-(-count // SMS)} wave(s)"
+    why = f"wave model: {count} {kind} of {tile_m}x{tile_n} in {-(-count // SMS)} wave(s)"
+    if pingpong:
+        why += f"; {k_tiles} k-tiles <= {PINGPONG_MAX_K_TILES}: ping-pong 128x128"
+    return tactic, why
 
 
 DECODE_MAX_M = 64  # up to here an untuned shape takes its nearest tuned shape's row
@@ -481,7 +492,7 @@ def _from_row(row: dict, data: dict, k: int, dtype: str, which: str):
 
 
 def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
-    tactic, why = wave_model_tactic(m, n, promoted=dtype == FP8_DTYPE)
+    tactic, why = wave_model_tactic(m, n, dtype == FP8_DTYPE, k_tiles_of(k, dtype))
     note = _promote_fp8(tactic, dtype)  # fast accumulation: not without a measurement
     why += f"; {note}" if note else ""
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],

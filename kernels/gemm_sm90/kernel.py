@@ -64,8 +64,8 @@ Design (what a reviewer can check against the code below)
   previous k-tile is released only after wait_group(1) shows its wgmma finished (one wgmma
   batch in flight, so TMA writes never race the tensor cores' reads).
 * fp8 promotion (promote=True): each k-tile's 4 wgmma (128 values of K) accumulate into a
-  second register set, the first with ACCUMULATE off (so from 0, no zeroing instructions);
-  after wait_group(0) it is added to the fp32 accumulators in ordinary FMA precision. Hopper's fp8 tensor-core accumulation keeps about 14 bits, so without
+  zeroed second register set; after wait_group(0) it is added to the fp32 accumulators in
+  ordinary FMA precision. Hopper's fp8 tensor-core accumulation keeps about 14 bits, so without
   this the error grows with K (DeepSeek-V3 report 3.3.2 promotes at the same interval). It
   costs one wgmma batch of overlap per k-tile and twice the accumulator registers (tile_n <=
   128). promote=False is the fast-accumulation variant (as torch._scaled_mm with
@@ -106,8 +106,6 @@ Design (what a reviewer can check against the code below)
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
 `from __future__ import annotations` here: cute.struct reads its field annotations as objects.
 """
-
-import copy
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -617,11 +615,8 @@ class HopperGemm:
             thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), self.acc_dtype
         )
         part = None
-        overwrite = None
         if cutlass.const_expr(self.promote):
             part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
-            overwrite = copy.copy(tiled_mma)
-            overwrite.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -656,11 +651,11 @@ class HopperGemm:
                                       number_of_threads=2 * WARPGROUP)  # fmt: skip
             acc.fill(0.0)
             if cutlass.const_expr(self.promote):
-                # Each k-tile into the partial set, from 0 (ACCUMULATE off for its first
-                # k-step), then added to acc in full fp32 once its wgmmas retired.
+                # Each k-tile into a zeroed second set, then added in full fp32.
                 for _ in cutlass.range(k_tiles, unroll=1):
                     main_pipe.consumer_wait(read)
-                    self._mma_k_tile(tiled_mma, part, tCrA, tCrB, read.index, overwrite)
+                    part.fill(0.0)
+                    self._mma_k_tile(tiled_mma, part, tCrA, tCrB, read.index)
                     cute.nvgpu.warpgroup.wait_group(0)
                     main_pipe.consumer_release(read)
                     read.advance()
@@ -701,16 +696,13 @@ class HopperGemm:
                                          number_of_threads=2 * WARPGROUP)  # fmt: skip
 
     @cute.jit
-    def _mma_k_tile(self, tiled_mma, into, tCrA, tCrB, slot_index, overwrite=None):
+    def _mma_k_tile(self, tiled_mma, into, tCrA, tCrB, slot_index):
         """One k-tile's wgmmas from pipeline slot `slot_index` into `into`, as one committed
-        batch (the caller decides how long to let it run). `overwrite`: the same MMA with
-        ACCUMULATE off, for the first k-step (the partials start from 0, not from `into`)."""
+        batch (the caller decides how long to let it run)."""
         cute.nvgpu.warpgroup.fence()
         for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            mma = overwrite if cutlass.const_expr(overwrite is not None and k_block == 0) else (
-                tiled_mma)  # fmt: skip
             slot = (None, None, k_block, slot_index)
-            cute.gemm(mma, into, tCrA[slot], tCrB[slot], into)
+            cute.gemm(tiled_mma, into, tCrA[slot], tCrB[slot], into)
         cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
