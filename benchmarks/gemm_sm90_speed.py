@@ -3,7 +3,8 @@
 For every default (N, K), any --shape N,K (shapes nobody tuned for) and every M of --m
 (default 1, 2, 4, ..., 8192), both sides compute bf16(x @ w^T * scales + bias). Each figure is
 the median over replays of a CUDA graph of many calls that cycle through enough copies of the
-operands to leave L2 (a server's weights are not in L2 when a layer starts). With
+operands to leave L2 (a server's weights are not in L2 when a layer starts); ours and cuBLAS
+replay in turns, one graph each per round, so clock changes at the power limit weigh on both. With
 --tactics-max-m, every tactic in the bundles is timed too (the data a tuned table is made from).
 The summary gives the geomean speedup per family in the bands M <= 64, 128-256 and >= 512.
 
@@ -21,7 +22,11 @@ from pathlib import Path
 
 import click
 
-from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call
+from cute_aot.runtime.tuning.timing import (
+    operand_copies,
+    seconds_per_call,
+    seconds_per_call_each,
+)
 
 
 def _operands(torch, dtype: str, m: int, n: int, k: int, copies: int):
@@ -100,10 +105,13 @@ def measure(
                 problem = GemmProblem(m, n, k, dtype, True)
                 chosen = found.dispatch(problem, arch).key
                 ours = REGISTRY.resolve(chosen, arch, {})
-                ours_s = seconds_per_call(ours, sets, out)
+                ours(*sets[0], out)
                 ours_out = out.clone()
-                cublas_s = seconds_per_call(baseline, sets, out)
+                baseline(*sets[0], out)
                 diff = (ours_out.float() - out.float()).abs().max().item()
+                # Interleaved, so a clock change (power limit) weighs on both alike.
+                times = seconds_per_call_each({"ours": ours, "cublas": baseline}, sets, out)
+                ours_s, cublas_s = times["ours"], times["cublas"]
                 row = {
                     "family": family_name, "m": m, "n": n, "k": k, "key": chosen.describe(),
                     "default_shape": default_shape,

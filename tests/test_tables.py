@@ -215,6 +215,18 @@ def test_aot_tune_resumes_from_its_results_file(tmp_path):
     assert tuner.done == {(json.dumps(row["problem"]), "k1"): row}  # a cut-off line is skipped
 
 
+def test_aot_tune_re_times_only_the_close_finishers_together():
+    """Candidates are timed one after another, and on a GPU at its power limit a later one runs
+    at lower clocks: the fastest few within FINALIST_MARGIN are timed again, interleaved."""
+    from cute_aot.runtime.tuning.cli import FINALIST_MARGIN, MAX_FINALISTS, finalists
+
+    assert finalists({}) == [] and finalists({"only": 5.0}) == []
+    times = {"a": 10.0, "b": 9.0, "c": 9.0 * FINALIST_MARGIN, "d": 9.0 * FINALIST_MARGIN + 0.01}
+    assert finalists(times) == ["b", "a", "c"]  # fastest first; d is past the margin
+    many = {f"k{i}": 1.0 + i / 1000 for i in range(2 * MAX_FINALISTS)}
+    assert finalists(many) == [f"k{i}" for i in range(MAX_FINALISTS)]
+
+
 def test_shards_carry_the_table_into_the_merged_bundles(tmp_path):
     from cute_aot.aot.build import merge
     from cute_aot.aot.shard import Shard

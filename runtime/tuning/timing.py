@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 L2_FLUSH_BYTES = 256 << 20  # several times the H100/H200 L2 (50 MB)
 GRAPH_SECONDS = 1e-3  # aim each replay at about this long
 REPLAYS = 5
 MAX_CALLS_PER_GRAPH = 200
+
+K = TypeVar("K")
 
 
 def operand_copies(operand_bytes: int) -> int:
@@ -25,8 +28,34 @@ def operand_copies(operand_bytes: int) -> int:
 
 def seconds_per_call(call: Callable, operand_sets: Sequence[tuple], out) -> float:
     """Median seconds per `call(*operands, out)` over graph replays cycling `operand_sets`."""
+    return seconds_per_call_each({0: call}, operand_sets, out)[0]
+
+
+def seconds_per_call_each(
+    calls: Mapping[K, Callable], operand_sets: Sequence[tuple], out
+) -> dict[K, float]:
+    """seconds_per_call for each of `calls`, their graph replays interleaved (one replay of each
+    per round). A GPU at its power limit changes its clock within milliseconds: timed one after
+    the other, whichever runs later is slowed (on the H200, aot-tune's last candidate by 4-10%
+    against the same kernel timed first); interleaved, every call sees the same clocks."""
     import torch
 
+    graphs = {name: _graph_of(call, operand_sets, out, torch) for name, call in calls.items()}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times: dict[K, list[float]] = {name: [] for name in calls}
+    for _ in range(REPLAYS):
+        for name, (graph, calls_per_replay) in graphs.items():
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e-3 / calls_per_replay)
+    del graphs
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _graph_of(call: Callable, operand_sets: Sequence[tuple], out, torch):
+    """(a warmed-up CUDA graph of about GRAPH_SECONDS of calls cycling operand_sets, calls in it)."""
     for operands in operand_sets:
         call(*operands, out)
     torch.cuda.synchronize()
@@ -46,12 +75,4 @@ def seconds_per_call(call: Callable, operand_sets: Sequence[tuple], out) -> floa
                 call(*operands, out)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / (rounds * len(operand_sets)))
-    del graph
-    return statistics.median(times)
+    return graph, rounds * len(operand_sets)
