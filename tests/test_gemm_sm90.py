@@ -380,6 +380,39 @@ def test_ping_pong_tiles_are_persistent_and_fit_one_warpgroup():
     assert "at most 128 accumulators" in tactic_refusal(wide)
 
 
+def test_three_consumer_warpgroups_hold_at_most_96_accumulators_each():
+    """192-row tiles (three consumer warpgroups at 152 registers): 192 x 128 and 192 x 192 are
+    built, 192 x 256 (128 accumulators per thread) and promoted 192 x 128 are refused."""
+    for fam in (family, fp8_family):
+        tiles = {(key.tile_n, key.promote) for key in fam.tactic_space(ARCH) if key.tile_m == 192}
+        assert tiles == {(128, False), (192, False)}
+    assert stages_for(BF16_DTYPE, 192, 192) == 4  # 48 KiB per stage
+    key = GemmSm90Key(BF16_DTYPE, True, 192, 256, 1, 1, stages_for(BF16_DTYPE, 192, 256), True)
+    assert "at most 96 accumulators" in tactic_refusal(key)
+    promoted = GemmSm90Key(FP8_DTYPE, True, 192, 128, 1, 1, stages_for(FP8_DTYPE, 192, 128),
+                           True, promote=True)  # fmt: skip
+    assert "two accumulator sets" in tactic_refusal(promoted)
+
+
+@pytest.mark.slow
+def test_a_192_row_tile_fits_three_consumer_warpgroups_without_spilling(tmp_path):
+    """192 x 192: each of three consumer warpgroups issues 4 wgmma of 64 x 192 per k-tile and
+    stores its share of the staged tile, 12 16-byte stores per thread; nothing in local memory."""
+    pytest.importorskip("cutlass")
+    key = GemmSm90Key(BF16_DTYPE, True, 192, 192, 2, 1, stages_for(BF16_DTYPE, 192, 192, True),
+                      True, persistent=True)  # fmt: skip
+    compiled = importlib.import_module(family.builder).compile(key, ARCH)
+    obj = tmp_path / f"{key.symbol}.o"
+    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
+    if not HAS_TOOLS:
+        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected")
+    (kernel,) = binary_info.inspect_object(obj)["kernels"]
+    opcodes = kernel["opcodes"]
+    assert kernel["local"] == 0 and kernel["stack"] == 0
+    assert opcodes.get("HGMMA", 0) == 4 and opcodes.get("UTMALDG", 0) == 2
+    assert opcodes.get("STG", 0) == 192 * 192 // 8 // (3 * 128)
+
+
 @pytest.mark.slow
 def test_ping_pong_warpgroups_take_turns_at_the_main_loop(tmp_path):
     """Ping-pong 128 x 128: one warpgroup issues both 64-row atoms (8 wgmma per k-tile), the

@@ -78,7 +78,8 @@ SMS = 132  # H200 SMs
 SPLIT_MAX_CTAS = 72
 MIN_K_TILES_PER_SPLIT = 4  # fewer and the pipeline never fills
 OUT_PAD = 8  # kernel.py: elements of padding per staged out row
-MAX_ACC_PER_THREAD = 128  # kernel.py: fp32 accumulators per consumer thread, promotion included
+# kernel.py: fp32 accumulators per consumer thread, promotion included, by consumer warpgroups
+MAX_ACC_PER_THREAD = {1: 128, 2: 128, 3: 96}
 
 
 class Tactic(NamedTuple):
@@ -116,9 +117,16 @@ def accumulators_per_thread(tile_m: int, tile_n: int, pingpong: bool = False) ->
     return tile_m * tile_n // ((1 if pingpong else tile_m // 64) * 128)
 
 
+def accumulator_budget(tile_m: int, pingpong: bool = False) -> int:
+    """The accumulators a consumer thread may hold: three consumer warpgroups have fewer
+    registers each (kernel.py: CONSUMER_REGS)."""
+    return MAX_ACC_PER_THREAD[2 if pingpong else tile_m // 64]
+
+
 def can_promote(tile_m: int, tile_n: int, pingpong: bool = False) -> bool:
     """fp8 promotion holds a second accumulator set: it must fit in the registers."""
-    return 2 * accumulators_per_thread(tile_m, tile_n, pingpong) <= MAX_ACC_PER_THREAD
+    return 2 * accumulators_per_thread(tile_m, tile_n, pingpong) <= accumulator_budget(
+        tile_m, pingpong)  # fmt: skip
 
 
 def swap_tile_n(m: int) -> int:
@@ -233,12 +241,13 @@ def tactic_refusal(key: GemmSm90Key) -> str | None:
     rows = key.tile_n if key.swap_ab else key.tile_m
     if rows % key.split_k:
         return f"split_k={key.split_k} must divide the out tile's {rows} rows"
-    if accumulators_per_thread(key.tile_m, key.tile_n, key.pingpong) > MAX_ACC_PER_THREAD:
-        return f"a ping-pong tile holds at most {MAX_ACC_PER_THREAD} accumulators per thread"
+    budget = accumulator_budget(key.tile_m, key.pingpong)
+    if accumulators_per_thread(key.tile_m, key.tile_n, key.pingpong) > budget:
+        return f"a consumer thread holds at most {budget} accumulators here"
     if key.promote and (
         key.dtype != FP8_DTYPE or not can_promote(key.tile_m, key.tile_n, key.pingpong)
     ):
-        return "promotion is for fp8 tiles of at most 64 accumulators per thread"
+        return "promotion is for fp8 tiles whose two accumulator sets fit in the registers"
     if key.persistent and key.split_k > 1:
         return "a persistent grid walks whole tiles: split_k must be 1"
     if key.pingpong and (not key.persistent or key.swap_ab or not key.aligned_n):
@@ -782,18 +791,18 @@ class GemmSm90Family(KernelFamily):
         if arch not in ARCHS:
             return []
         promotes = (False, True) if self.dtype == FP8_DTYPE else (False,)
+        # Three consumer warpgroups (192 rows) for large M: 192 x 128 and 192 x 192.
+        wide_m = [(192, 128), (192, 192)]
         unsplit = [
             (tile_m, tile_n, cluster_m, cluster_n, raster_m, False, 1, False, False)
-            for tile_m in (64, 128)
-            for tile_n in (64, 128, 256)
+            for tile_m, tile_n in [(m, n) for m in (64, 128) for n in (64, 128, 256)] + wide_m
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
             for raster_m in ((RASTER_M, 2 * RASTER_M, BLOCK_ORDER) if tile_m * tile_n >= 128 * 128
                              else (RASTER_M,))
         ]  # fmt: skip
         persistent = [
             (tile_m, tile_n, cluster_m, cluster_n, RASTER_M, False, 1, True, pingpong)
-            for tile_m in (64, 128)
-            for tile_n in (128, 256)
+            for tile_m, tile_n in [(m, n) for m in (64, 128) for n in (128, 256)] + wide_m
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
             for pingpong in (False, True)
         ]

@@ -13,7 +13,7 @@ Design (what a reviewer can check against the code below)
   coordinates are out's). With swap_ab, A = w and B = x: the kernel computes out^T, so the
   token dimension M sits on the wgmma's N side, whose tile may be 8..64 wide. A decode-sized M
   then fills a 64- or 128-row weight tile instead of padding a 64-row x tile with zeros.
-* CTA tile tile_m x tile_n x tile_k (kernel coordinates); tile_m in {64, 128}, tile_n any
+* CTA tile tile_m x tile_n x tile_k (kernel coordinates); tile_m in {64, 128, 192}, tile_n any
   multiple of 8 up to 256 (wgmma's N: widths such as 80 or 96 fill the SMs where powers of two
   leave a wave part-empty); tile_k = 64 for bf16 and 128 for fp8 (4 wgmma k-steps of 16 / 32, i.e.
   128-byte rows, 128-byte swizzle chosen by sm90_utils.make_smem_layout_a/b).
@@ -52,7 +52,10 @@ Design (what a reviewer can check against the code below)
       wgmma of rows [64 g, 64 g + 64) of the tile (tiled MMA with atom layout (C, 1, 1), 64 x
       tile_n per atom), fp32 accumulators in registers (tile_n / 2 per thread). Ping-pong (C =
       2): each issues all tile_m / 64 atoms of its own tile (atom layout (1, 1, 1)).
-      setmaxnreg raises them to 240 (C = 1) or 232 (C = 2) registers.
+      setmaxnreg raises them to 240 (C = 1), 232 (C = 2) or 152 (C = 3) registers. Three
+      (tile_m = 192, at most 96 accumulators each: 192 x 192) is the shape cuBLAS ran on
+      the H200 for large problems (nvjet 192 x 192, ncu): per k-tile it loads what 128 x 256
+      loads for 12.5% more products, and a third warpgroup keeps wgmmas in flight.
     - warpgroup C is the producer: setmaxnreg lowers it to 40 registers; its warp 0 (one elected
       thread, inside cute.copy) issues the TMA loads; its other 3 warps only join the cluster
       barriers.
@@ -128,8 +131,10 @@ EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthr
 # its main loop" is MAIN_LOOP_TURN + g (bar.sync by g, bar.arrive by the other).
 MAIN_LOOP_TURN = 3
 PRODUCER_REGS = 40
-CONSUMER_REGS = {1: 240, 2: 232}  # keeps (C * consumer + producer) * 128 <= 64 Ki registers
-MAX_ACC_PER_THREAD = 128  # fp32 accumulators a consumer thread may hold (promotion included)
+CONSUMER_REGS = {1: 240, 2: 232, 3: 152}  # keeps (C * consumer + producer) * 128 <= 64 Ki
+# fp32 accumulators a consumer thread may hold (promotion included), by consumer warpgroups:
+# what their CONSUMER_REGS leave beside addresses, pipeline state and the epilogue's values.
+MAX_ACC_PER_THREAD = {1: 128, 2: 128, 3: 96}
 SPLITS = (1, 2, 4, 8)  # cluster (1, 1, S): at most 8 CTAs is portable
 PERSISTENT_CTAS = 132  # CTAs a persistent grid launches at most (H100/H200 SXM SMs)
 
@@ -164,8 +169,8 @@ class HopperGemm:
         pingpong: bool = False,
     ):
         tile_m, tile_n = tile_mn
-        if tile_m not in (64, 128):
-            raise ValueError(f"HopperGemm: tile_m must be 64 or 128, got {tile_m}")
+        if tile_m not in (64, 128, 192):
+            raise ValueError(f"HopperGemm: tile_m must be 64, 128 or 192, got {tile_m}")
         if tile_n % 8 or not 8 <= tile_n <= 256:
             raise ValueError(f"HopperGemm: tile_n must be a multiple of 8 in 8..256, got {tile_n}")
         if cluster_mn not in ((1, 1), (2, 1), (1, 2)):
@@ -224,10 +229,11 @@ class HopperGemm:
         self.mma_warpgroups = 2 if self.pingpong else tile_m // 64
         self.tile_warpgroups = 1 if self.pingpong else self.mma_warpgroups
         per_thread = tile_m * tile_n // (self.tile_warpgroups * WARPGROUP)
-        if per_thread * (2 if self.promote else 1) > MAX_ACC_PER_THREAD:
+        budget = MAX_ACC_PER_THREAD[self.mma_warpgroups]
+        if per_thread * (2 if self.promote else 1) > budget:
             raise ValueError(
-                f"HopperGemm: a {tile_m}x{tile_n} tile has {per_thread} accumulators per thread; "
-                f"promotion doubles them past {MAX_ACC_PER_THREAD} (use tile_n <= 128)"
+                f"HopperGemm: a {tile_m}x{tile_n} tile has {per_thread} accumulators per thread"
+                f"{' (promotion doubles them)' if self.promote else ''}; at most {budget} fit"
             )
         rows, cols = self.out_tile  # in out's own coordinates (rows of out, columns of out)
         if rows % self.split_k:
