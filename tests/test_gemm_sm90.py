@@ -396,6 +396,18 @@ def test_three_consumer_warpgroups_hold_at_most_96_accumulators_each():
     assert "two accumulator sets" in tactic_refusal(promoted)
 
 
+def _cross_compiled_kernel(key, tmp_path) -> dict:
+    """Cross-compile a bf16 `key` for sm_90a and read its one kernel's resources and opcodes
+    (skips where the SASS tools are missing)."""
+    compiled = importlib.import_module(family.builder).compile(key, ARCH)
+    obj = tmp_path / f"{key.symbol}.o"
+    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
+    if not HAS_TOOLS:
+        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected")
+    (kernel,) = binary_info.inspect_object(obj)["kernels"]
+    return kernel
+
+
 @pytest.mark.slow
 def test_a_192_row_tile_fits_three_consumer_warpgroups_without_spilling(tmp_path):
     """192 x 192: each of three consumer warpgroups issues 4 wgmma of 64 x 192 per k-tile and
@@ -403,12 +415,7 @@ def test_a_192_row_tile_fits_three_consumer_warpgroups_without_spilling(tmp_path
     pytest.importorskip("cutlass")
     key = GemmSm90Key(BF16_DTYPE, True, 192, 192, 2, 1, stages_for(BF16_DTYPE, 192, 192, True),
                       True, persistent=True)  # fmt: skip
-    compiled = importlib.import_module(family.builder).compile(key, ARCH)
-    obj = tmp_path / f"{key.symbol}.o"
-    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
-    if not HAS_TOOLS:
-        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected")
-    (kernel,) = binary_info.inspect_object(obj)["kernels"]
+    kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and kernel["stack"] == 0
     assert opcodes.get("HGMMA", 0) == 4 and opcodes.get("UTMALDG", 0) == 2
@@ -422,12 +429,7 @@ def test_ping_pong_warpgroups_take_turns_at_the_main_loop(tmp_path):
     pytest.importorskip("cutlass")
     key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 2, 1, 4, True, 8, True, persistent=True,
                       pingpong=True)  # fmt: skip
-    compiled = importlib.import_module(family.builder).compile(key, ARCH)
-    obj = tmp_path / f"{key.symbol}.o"
-    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
-    if not HAS_TOOLS:
-        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected")
-    (kernel,) = binary_info.inspect_object(obj)["kernels"]
+    kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and kernel["stack"] == 0
     assert opcodes.get("HGMMA", 0) == 8 and opcodes.get("UTMALDG", 0) == 2
@@ -444,12 +446,7 @@ def test_split_k_reduces_through_distributed_shared_memory(tmp_path):
     pytest.importorskip("cutlass")
     key = GemmSm90Key(BF16_DTYPE, True, 128, 16, 1, 1, stages_for(BF16_DTYPE, 128, 16), True,
                       8, True, swap_ab=True, split_k=4)  # fmt: skip
-    compiled = importlib.import_module(family.builder).compile(key, ARCH)
-    obj = tmp_path / f"{key.symbol}.o"
-    compiled.export_to_c(str(obj), function_name=key.symbol, export_only_tvm_ffi_symbols=True)
-    if not HAS_TOOLS:
-        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected")
-    (kernel,) = binary_info.inspect_object(obj)["kernels"]
+    kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and opcodes.get("HGMMA", 0) == 4
     assert (opcodes.get("LD", 0), opcodes.get("LDS", 0), opcodes.get("STG", 0)) == (8, 0, 1)
