@@ -156,15 +156,56 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     assert "16 k-tiles <= 32: ping-pong 128x128" in short.reason
     assert (short.key.tile_m, short.key.tile_n, short.key.pingpong, short.key.cluster_m) == (
         128, 128, True, 2)  # fmt: skip
-    # fp8 without a tuned row is promoted: a ping-pong 128 x 128 tile cannot hold two sets.
-    assert not fp8_family.dispatch(GemmProblem(8192, 4608, 1024, FP8_DTYPE), ARCH).key.pingpong
-    fp8 = fp8_family.dispatch(GemmProblem(512, 4608, 3584, FP8_DTYPE), ARCH)
-    # untuned fp8 is promoted (no accuracy check ran): only tiles whose second set fits
-    assert fp8.key.promote and fp8.key.tile_n <= 128 and "narrows" not in fp8.reason
+    # fp8 accumulates fast where tuned rows at this M checked it at a longer K: the same tiles.
+    for m, n, k in ((512, 4608, 3584), (8192, 4608, 1024)):
+        fp8 = fp8_family.dispatch(GemmProblem(m, n, k, FP8_DTYPE), ARCH).key
+        bf16 = family.dispatch(GemmProblem(m, n, k), ARCH).key
+        assert not fp8.promote and fp8.tile_n == bf16.tile_n and fp8.pingpong == bf16.pingpong
     exact = family.dispatch(GemmProblem(1, 4096, 4096), ARCH)
     assert exact.reason.startswith("tuned row for N=4096 K=4096")
     unaligned = family.dispatch(GemmProblem(1, 1001, 4096), ARCH)
     assert "nearest" not in unaligned.reason and not unaligned.key.swap_ab
+
+
+def test_fp8_accumulates_fast_only_at_a_k_a_tuned_row_checked():
+    """aot-tune checked a fast-accumulating tactic against the fp32 reference at its row's K;
+    the error only grows with K. So an untuned shape accumulates fast up to the longest K
+    checked at its M, and is promoted past it, whichever path chose its tile."""
+    def row(k, promote, m=(257, 512), **tactic):
+        fields = {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "cluster_n": 1, "raster_m": 8,
+                  "us": 9.0, **tactic}  # fmt: skip
+        return {"n": 4096, "k": k, "m": list(m), "promote": promote, **fields}
+
+    rows = [row(4096, False), row(8192, True), row(16384, False, m=(1025, 2048)),
+            row(2048, False, m=(33, 64), tile_m=64, tile_n=64, swap_ab=True)]
+    table = Table(fp8_family.name, ARCH, dict(HANDWRITTEN.data, shape_rows=rows), {"source": "t"})
+
+    def dispatch(m, k):
+        return fp8_family.dispatch(GemmProblem(m, 6144, k, FP8_DTYPE), ARCH, table)
+
+    fast = dispatch(512, 4096)  # wave model; the promoted K=8192 row is no evidence past 4096
+    assert not fast.key.promote and "fast accumulation (checked at N=4096 K=4096)" in fast.reason
+    slow = dispatch(512, 4112)
+    assert slow.key.promote and "fast accumulation unchecked at this K" in slow.reason
+    assert not dispatch(2048, 16384).key.promote  # another M's check: its own bucket's rows
+    assert dispatch(4096, 1024).key.promote  # no row at M 4096 at all
+    near = dispatch(64, 2048)  # the nearest row's fast tactic, at its own K
+    assert near.key.swap_ab and not near.key.promote
+    longer = dispatch(64, 3072)  # the same row's tactic at a K nobody checked
+    assert longer.key.swap_ab and longer.key.promote
+
+
+def test_a_neighbours_split_that_would_spill_into_another_wave_is_halved():
+    """N = 4096's decode row splits 64 tiles of 64 rows in two (128 CTAs, one wave); at N = 4608
+    the same split is 144 CTAs on 132 SMs, two waves: the nearest-row tactic runs unsplit."""
+    rows = [{"n": 4096, "k": 4096, "m": [33, 64], "tile_m": 64, "tile_n": 64, "cluster_m": 1,
+             "cluster_n": 1, "raster_m": 8, "swap_ab": True, "split_k": 2, "us": 9.0}]  # fmt: skip
+    table = Table(family.name, ARCH, dict(HANDWRITTEN.data, shape_rows=rows), {"source": "t"})
+    same = family.dispatch(GemmProblem(64, 4096, 4096), ARCH, table)
+    assert same.key.split_k == 2 and "wave" not in same.reason
+    assert family.dispatch(GemmProblem(64, 4224, 4096), ARCH, table).key.split_k == 2  # 132
+    spill = family.dispatch(GemmProblem(64, 4608, 3584), ARCH, table)
+    assert spill.key.split_k == 1 and "split-K 1 keeps N=4608 in 1 wave(s)" in spill.reason
 
 
 def test_untuned_mid_m_takes_the_tuned_tactic_with_the_least_cost_at_its_waves():

@@ -312,6 +312,10 @@ def test_tune_where_filters_candidates_by_key_fields():
     assert [key for key in keys if matches(key, parse_where(["persistent=false"], GEMM.Key))] == [
         key for key in keys if not key.persistent
     ]
+    fill = parse_where(["tile_n=144|160", "persistent=False"], GEMM.Key)
+    assert fill == {"tile_n": ("144", "160"), "persistent": ("0",)}
+    widths = {key.tile_n for key in keys if matches(key, fill)}
+    assert widths == {144, 160}
     with pytest.raises(click.BadParameter, match="no field 'tiles'"):
         matches(keys[0], parse_where(["tiles=2"], GEMM.Key))
     with pytest.raises(click.BadParameter, match="not FIELD=VALUE"):

@@ -427,13 +427,37 @@ def _row_tactic(row: dict) -> dict:
 
 
 def _promote_fp8(tactic: dict, dtype: str) -> str:
-    """fp8 is promoted unless a measured row says otherwise: narrow the tile until the second
-    accumulator set fits; the note why, if it had to."""
+    """Promote fp8: narrow the tile until the second accumulator set fits; the note why, if it
+    had to. (Never a ping-pong tactic: an exact row is its own evidence, and the wave model
+    promotes only tiles whose second set fits.)"""
     tactic["promote"] = dtype == FP8_DTYPE
     if tactic["promote"] and not can_promote(tactic["tile_m"], tactic["tile_n"]):
         tactic["tile_n"] = 128
         return "fp8 promotion narrows tile_n to 128"
     return ""
+
+
+def fast_accumulation_row(data: dict, m: int, k: int) -> dict | None:
+    """A tuned row at this M (bucket) whose fp8 tactic accumulates fast at a K at least this
+    long: aot-tune checked it against the fp32 reference there, and fast accumulation's error
+    only grows with K (Hopper keeps ~14 bits of its fp8 sums). None: no such measurement."""
+    checked = [row for row in data.get("shape_rows", ())
+               if _holds(row, m) and row["k"] >= k and not row.get("promote", False)]  # fmt: skip
+    return max(checked, key=lambda row: (row["k"], row["n"]), default=None)
+
+
+def _accumulate_fp8(tactic: dict, data: dict, m: int, n: int, k: int, dtype: str) -> str:
+    """The one fp8 accumulation policy: a tactic accumulates fast only where a tuned row at this
+    M showed fast accumulation accurate at this K or longer (fast_accumulation_row); otherwise
+    it is promoted. The note why, where the evidence is another shape's."""
+    if dtype != FP8_DTYPE or tactic["promote"]:
+        return ""
+    row = fast_accumulation_row(data, m, k)
+    if row is None:
+        return _promote_fp8(tactic, dtype) or "promoted: fast accumulation unchecked at this K"
+    if (row["n"], row["k"]) == (n, k):
+        return ""  # its own row
+    return f"fast accumulation (checked at N={row['n']} K={row['k']})"
 
 
 def _fit(tactic: dict, m: int, n: int, k: int, dtype: str, aligned_n: bool) -> str:
@@ -473,7 +497,7 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
     data = table.data
     row = _shape_row(data, m, n, k)
     if row is not None:
-        return _from_row(row, data, k, dtype, f"tuned row for N={n} K={k}")
+        return _from_row(row, data, m, n, k, dtype, f"tuned row for N={n} K={k}")
     if n % OUT_VECTOR == 0 and data.get("shape_rows"):
         if m >= WAVE_MODEL_MIN_M:
             return _from_wave_model(m, n, k, dtype, data)
@@ -484,25 +508,41 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
             row = _row_cost_row(data, m, n, k, dtype)
             which = f"least measured cost of the tuned rows (won at N={row['n']} K={row['k']})" if row else ""
         if row is not None:
-            return _from_row(row, data, k, dtype, f"{which} for N={n} K={k}")
+            return _from_row(row, data, m, n, k, dtype, f"{which} for N={n} K={k}")
     return _from_rule(m, n, k, dtype, data)
 
 
-def _from_row(row: dict, data: dict, k: int, dtype: str, which: str):
+def _waves(tactic: dict, m: int, n: int) -> int:
+    return -(-tiles_of(tactic, m, n) * tactic["split_k"] // SMS)
+
+
+def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: str):
     low, high = row["m"]
     bound = f"M in [{low}, {high if high is not None else 'inf'}]"
     why = f"{which} {bound}: {row.get('why', '')}".rstrip(": ")
     tactic = _row_tactic(row)
     while not split_fits(tactic["split_k"], k_tiles_of(k, dtype)):
         tactic["split_k"] //= 2  # a neighbour's K was longer
+    measured_waves = _waves(tactic, high or M_BUCKETS[-1], row["n"])
+    if tactic["split_k"] > 1 and _waves(tactic, m, n) > measured_waves:
+        # The row's split filled its waves; at this N it would spill into one more (72 tiles
+        # x 2 = 144 CTAs on 132 SMs): fewer splits, each CTA streaming more of K.
+        while tactic["split_k"] > 1 and _waves(tactic, m, n) > measured_waves:
+            tactic["split_k"] //= 2
+        why += f"; split-K {tactic['split_k']} keeps N={n} in {_waves(tactic, m, n)} wave(s)"
+    note = _accumulate_fp8(tactic, data, m, n, k, dtype)
+    why += f"; {note}" if note else ""
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
                         tactic["pingpong"])
     return tactic, stages, row.get("raster_m", data["raster_m"]), why
 
 
 def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
-    tactic, why = wave_model_tactic(m, n, dtype == FP8_DTYPE, k_tiles_of(k, dtype))
-    note = _promote_fp8(tactic, dtype)  # fast accumulation: not without a measurement
+    fast = dtype == FP8_DTYPE and fast_accumulation_row(data, m, k) is not None
+    promoted = dtype == FP8_DTYPE and not fast
+    tactic, why = wave_model_tactic(m, n, promoted, k_tiles_of(k, dtype))
+    tactic["promote"] = False
+    note = _accumulate_fp8(tactic, data, m, n, k, dtype)
     why += f"; {note}" if note else ""
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
                         tactic["pingpong"])
@@ -522,7 +562,8 @@ def _from_rule(m: int, n: int, k: int, dtype: str, data: dict):
     elif tactic["tile_n"] > 128 and n < data["wide_tile_min_n"]:
         tactic["tile_n"] = 128
         why += f"; N={n} < {data['wide_tile_min_n']} narrows tile_n to 128"
-    notes = [_promote_fp8(tactic, dtype), _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)]
+    notes = [_accumulate_fp8(tactic, data, m, n, k, dtype),
+             _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)]
     why += "".join(f"; {note}" for note in notes if note)
     stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
                         tactic["pingpong"])

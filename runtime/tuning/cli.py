@@ -217,9 +217,10 @@ def provenance(found: KernelFamily, arch: str, shapes, candidates: int) -> dict:
     return facts
 
 
-def parse_where(texts, key_class) -> dict[str, str]:
-    """`--where FIELD=VALUE` pairs, each FIELD one of `key_class`'s (read before any GPU is
-    looked for: a misspelt field costs no device time)."""
+def parse_where(texts, key_class) -> dict[str, tuple[str, ...]]:
+    """`--where FIELD=VALUE[|VALUE..]` pairs, each FIELD one of `key_class`'s (read before any
+    GPU is looked for: a misspelt field costs no device time). A key matches a FIELD when its
+    value is any of the alternatives; booleans as 1/0/true/false."""
     known = {"family", *(f.name for f in dataclasses.fields(key_class))}
     pairs = {}
     for text in texts:
@@ -229,17 +230,18 @@ def parse_where(texts, key_class) -> dict[str, str]:
         if field.strip() not in known:
             raise click.BadParameter(f"{key_class.FAMILY} keys have no field {field.strip()!r}",
                                      param_hint="--where")  # fmt: skip
-        pairs[field.strip()] = value.strip().lower()
+        alternatives = (v.strip().lower() for v in value.split("|"))
+        pairs[field.strip()] = tuple({"true": "1", "false": "0"}.get(v, v) for v in alternatives)
     return pairs
 
 
-def matches(key, where: dict[str, str]) -> bool:
-    """Whether `key` has every FIELD=VALUE of `where` (parse_where's); booleans as 1/0/true/false."""
+def matches(key, where: dict[str, tuple[str, ...]]) -> bool:
+    """Whether `key` has, for every FIELD of `where` (parse_where's), one of its values."""
     fields = key.fields()
     for field, wanted in where.items():
         value = fields[field]
         text = ("1" if value else "0") if isinstance(value, bool) else str(value).lower()
-        if text != {"true": "1", "false": "0"}.get(wanted, wanted):
+        if text not in wanted:
             return False
     return True
 
@@ -336,8 +338,9 @@ def _parse_shapes(found: KernelFamily, texts) -> list:
               help="A tables file whose table for this family keeps its rows where nothing "
                    "tuned now covers them (with --m: re-tune some M ranges only).")  # fmt: skip
 @click.option("--where", "where_texts", multiple=True,
-              help="Time only candidates whose key has FIELD=VALUE (repeatable), against the "
-                   "tactic the --base (or default) table picks: challengers vs the incumbent.")  # fmt: skip
+              help="Time only candidates whose key has FIELD=VALUE (repeatable; VALUE may list "
+                   "alternatives, tile_n=144|160), against the tactic the --base (or default) "
+                   "table picks: challengers vs the incumbent.")  # fmt: skip
 def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results_path, ms,
          base_path, where_texts):
     """Measure a family's tactics on this GPU and write the winners as a dispatch table."""
