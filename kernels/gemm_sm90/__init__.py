@@ -381,12 +381,16 @@ def _nearest_row(data: dict, m: int, n: int, k: int) -> dict | None:
                                     r["n"], r["k"]))  # fmt: skip
 
 
+def _waves(tactic: dict, m: int, n: int) -> int:
+    """Whole waves of CTAs a tactic launches on an M x N out (K splits included)."""
+    return -(-tiles_of(tactic, m, n) * tactic["split_k"] // SMS)
+
+
 def _work(tactic: dict, m: int, n: int, k: int, dtype: str) -> int:
     """What a tactic's time scales with on one problem: whole waves of CTAs x k-tiles per CTA
     x tile elements (a tile count just past a wave costs the whole next wave)."""
-    split = tactic.get("split_k", 1)
-    waves = -(-tiles_of(tactic, m, n) * split // SMS)
-    return waves * -(-k_tiles_of(k, dtype) // split) * tactic["tile_m"] * tactic["tile_n"]
+    return (_waves(tactic, m, n) * -(-k_tiles_of(k, dtype) // tactic["split_k"])
+            * tactic["tile_m"] * tactic["tile_n"])
 
 
 def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None:
@@ -512,10 +516,6 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
     return _from_rule(m, n, k, dtype, data)
 
 
-def _waves(tactic: dict, m: int, n: int) -> int:
-    return -(-tiles_of(tactic, m, n) * tactic["split_k"] // SMS)
-
-
 def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: str):
     low, high = row["m"]
     bound = f"M in [{low}, {high if high is not None else 'inf'}]"
@@ -523,12 +523,12 @@ def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: 
     tactic = _row_tactic(row)
     while not split_fits(tactic["split_k"], k_tiles_of(k, dtype)):
         tactic["split_k"] //= 2  # a neighbour's K was longer
-    measured_waves = _waves(tactic, high or M_BUCKETS[-1], row["n"])
-    if tactic["split_k"] > 1 and _waves(tactic, m, n) > measured_waves:
-        # The row's split filled its waves; at this N it would spill into one more (72 tiles
-        # x 2 = 144 CTAs on 132 SMs): fewer splits, each CTA streaming more of K.
-        while tactic["split_k"] > 1 and _waves(tactic, m, n) > measured_waves:
-            tactic["split_k"] //= 2
+    # The row's split filled its waves; at this N it may spill into one more (72 tiles x 2 =
+    # 144 CTAs on 132 SMs): fewer splits then, each CTA streaming more of K.
+    measured_waves, split = _waves(tactic, high or M_BUCKETS[-1], row["n"]), tactic["split_k"]
+    while tactic["split_k"] > 1 and _waves(tactic, m, n) > measured_waves:
+        tactic["split_k"] //= 2
+    if tactic["split_k"] != split:
         why += f"; split-K {tactic['split_k']} keeps N={n} in {_waves(tactic, m, n)} wave(s)"
     note = _accumulate_fp8(tactic, data, m, n, k, dtype)
     why += f"; {note}" if note else ""
@@ -538,8 +538,7 @@ def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: 
 
 
 def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
-    fast = dtype == FP8_DTYPE and fast_accumulation_row(data, m, k) is not None
-    promoted = dtype == FP8_DTYPE and not fast
+    promoted = dtype == FP8_DTYPE and fast_accumulation_row(data, m, k) is None
     tactic, why = wave_model_tactic(m, n, promoted, k_tiles_of(k, dtype))
     tactic["promote"] = False
     note = _accumulate_fp8(tactic, data, m, n, k, dtype)
