@@ -27,6 +27,8 @@ from cute_aot.kernels.gemm_sm90 import (
     fp8_family,
     handwritten_table,
     stages_for,
+    stores_by_tma,
+    strip_cols,
     tactic_refusal,
 )
 from cute_aot.kernels.tables import Table
@@ -387,15 +389,24 @@ def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     assert opcodes.get(mma, 0) == 4 * (key.tile_m // 64 if key.pingpong else 1)
     assert opcodes.get("UTMALDG", 0) == 2  # one TMA load of x, one of w per k-tile
     per_thread = accumulators_per_thread(key.tile_m, key.tile_n, key.pingpong)  # per consumer
-    if key.aligned_n:  # staged through shared memory, stored 8 bf16 (16 bytes) at a time
-        assert opcodes.get("STG", 0) == per_thread // 8
-        staged_reads = per_thread // 8
+    if key.aligned_n:
         # The bias slice arrives by one cp.async per tile (LDGSTS) and is read from shared
         # memory (at most one LDS per pair of columns): no global load but fp8's two scales.
         assert key.has_bias and key.split_k == 1
         assert opcodes.get("LDGSTS", 0) == 1
         assert opcodes.get("LDG", 0) == (2 if key.dtype == FP8_DTYPE else 0)
-        assert staged_reads < opcodes.get("LDS", 0) <= staged_reads + per_thread // 2
+        if stores_by_tma(key.tile_n, key.persistent, key.swap_ab):
+            # stmatrix (8 bf16 per thread each) into a strip, one TMA store per strip
+            assert opcodes.get("STG", 0) == 0 and opcodes.get("STSM", 0) == per_thread // 8
+            strip_rows = 64 if key.pingpong else key.tile_m
+            strips = key.tile_m // strip_rows * key.tile_n // strip_cols(key.tile_n)
+            assert opcodes.get("UTMASTG", 0) == strips
+            # bias pairs from sBias, and a few shared loads besides (fp8's ping-pong: 3)
+            assert per_thread // 8 <= opcodes.get("LDS", 0) <= per_thread // 2 + 4
+        else:  # staged through shared memory, stored 8 bf16 (16 bytes) at a time
+            assert opcodes.get("STG", 0) == per_thread // 8
+            staged_reads = per_thread // 8
+            assert staged_reads < opcodes.get("LDS", 0) <= staged_reads + per_thread // 2
     else:
         assert opcodes.get("STG", 0) == per_thread
     assert kernel["registers"] <= 168
@@ -410,11 +421,11 @@ def test_ping_pong_tiles_are_persistent_and_fit_one_warpgroup():
         tiles = {(key.tile_m, key.tile_n, key.promote) for key in keys}
         promoted = {(64, 128, True)} if fam is fp8_family else set()
         assert tiles == {(128, 128, False), (64, 256, False), (64, 128, False)} | promoted
-    # Two 128 x (128 + 8) bf16 staging buffers and two bias slices leave room for 4 stages
-    # of 32 KiB where the cooperative persistent tile has 6.
+    # Each warpgroup's two 64 x 32 TMA-store strips (8 KiB) and two bias slices leave room
+    # for 6 stages of 32 KiB, as the cooperative persistent tile has.
     assert stages_for(BF16_DTYPE, 128, 128, persistent=True) == 6
-    assert stages_for(BF16_DTYPE, 128, 128, persistent=True, pingpong=True) == 4
-    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 1, 1, 4, True, 8, True, persistent=True,
+    assert stages_for(BF16_DTYPE, 128, 128, persistent=True, pingpong=True) == 6
+    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 1, 1, 6, True, 8, True, persistent=True,
                       pingpong=True)  # fmt: skip
     assert tactic_refusal(key) is None and "ping-pong" in key.describe()
     walking = dataclasses.replace(key, persistent=False, stages=stages_for(BF16_DTYPE, 128, 128))
@@ -452,7 +463,8 @@ def _cross_compiled_kernel(key, tmp_path) -> dict:
 @pytest.mark.slow
 def test_a_192_row_tile_fits_three_consumer_warpgroups_without_spilling(tmp_path):
     """192 x 192: each of three consumer warpgroups issues 4 wgmma of 64 x 192 per k-tile and
-    stores its share of the staged tile, 12 16-byte stores per thread; nothing in local memory."""
+    writes its 96 values with 12 stmatrix into the six 192 x 32 strips that six TMA stores
+    take out; nothing in local memory."""
     pytest.importorskip("cutlass")
     key = GemmSm90Key(BF16_DTYPE, True, 192, 192, 2, 1, stages_for(BF16_DTYPE, 192, 192, True),
                       True, persistent=True)  # fmt: skip
@@ -460,22 +472,25 @@ def test_a_192_row_tile_fits_three_consumer_warpgroups_without_spilling(tmp_path
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and kernel["stack"] == 0
     assert opcodes.get("HGMMA", 0) == 4 and opcodes.get("UTMALDG", 0) == 2
-    assert opcodes.get("STG", 0) == 192 * 192 // 8 // (3 * 128)
+    assert opcodes.get("STG", 0) == 0 and opcodes.get("STSM", 0) == 192 * 192 // 8 // (3 * 128)
+    assert opcodes.get("UTMASTG", 0) == 192 // 32
 
 
 @pytest.mark.slow
 def test_ping_pong_warpgroups_take_turns_at_the_main_loop(tmp_path):
     """Ping-pong 128 x 128: one warpgroup issues both 64-row atoms (8 wgmma per k-tile), the
-    turn is one named-barrier arrive and its sync; no spills at 128 accumulators per thread."""
+    turn is one named-barrier arrive and its sync; no spills at 128 accumulators per thread.
+    The epilogue: eight 64 x 32 strips, each behind two barriers (stmatrix in, TMA store out)."""
     pytest.importorskip("cutlass")
-    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 2, 1, 4, True, 8, True, persistent=True,
+    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 2, 1, 6, True, 8, True, persistent=True,
                       pingpong=True)  # fmt: skip
     kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and kernel["stack"] == 0
     assert opcodes.get("HGMMA", 0) == 8 and opcodes.get("UTMALDG", 0) == 2
-    assert opcodes.get("BAR", 0) == 6  # the cooperative tile's 5, and the turn's arrive
-    assert opcodes.get("STG", 0) == 128 // 8  # 128 accumulators, 16-byte stores
+    # the bias barrier, 2 per strip, the turn's sync and arrive, and the CTA's own
+    assert opcodes.get("BAR", 0) == 1 + 2 * 8 + 2 + 2
+    assert opcodes.get("STG", 0) == 0 and opcodes.get("UTMASTG", 0) == 2 * 128 // 32
 
 
 @pytest.mark.slow

@@ -78,6 +78,8 @@ SMS = 132  # H200 SMs
 SPLIT_MAX_CTAS = 72
 MIN_K_TILES_PER_SPLIT = 4  # fewer and the pipeline never fills
 OUT_PAD = 8  # kernel.py: elements of padding per staged out row
+EPI_COLS = 32  # kernel.py: columns per TMA-stored epilogue strip
+EPI_BUFFERS = 2  # kernel.py: strips in flight per tile owner
 # kernel.py: fp32 accumulators per consumer thread, promotion included, by consumer warpgroups
 MAX_ACC_PER_THREAD = {1: 128, 2: 128, 3: 96}
 
@@ -157,17 +159,47 @@ def auto_split(tiles: int, k_tiles: int) -> int:
     )  # fmt: skip
 
 
-def stages_for(
-    dtype: str, tile_m: int, tile_n: int, persistent: bool = False, pingpong: bool = False
+def stores_by_tma(tile_n: int, persistent: bool, swap_ab: bool) -> bool:
+    """kernel.py: a persistent tile in out's own order leaves by TMA stores of column strips
+    (N % 8 == 0 too; an any-N key stores from registers and needs no buffer at all)."""
+    return persistent and not swap_ab and tile_n % 16 == 0
+
+
+def strip_cols(tile_n: int) -> int:
+    """Columns per TMA-stored epilogue strip (kernel.py: epi_tile)."""
+    return EPI_COLS if tile_n % EPI_COLS == 0 else 16
+
+
+def epilogue_bytes(
+    tile_m: int, tile_n: int, persistent: bool, swap_ab: bool = False, pingpong: bool = False
 ) -> int:
-    """As many pipeline stages as shared memory holds, at most MAX_STAGES; a persistent CTA
-    keeps its own buffer for the staged bf16 out tile (kernel.py: staged_bytes), ping-pong one
-    per warpgroup (and a second bias slice next to the barriers)."""
+    """Shared memory a persistent CTA's tile owner keeps for its epilogue (kernel.py): two bf16
+    strips for the TMA store (tile_m rows, ping-pong's 64), else (swap-AB stages out^T) the
+    padded tile."""
+    if not persistent:
+        return 0  # the epilogue stages in the idle operand slots
+    if stores_by_tma(tile_n, persistent, swap_ab):
+        return EPI_BUFFERS * (64 if pingpong else tile_m) * strip_cols(tile_n) * 2
+    return 2 * max(tile_m * (tile_n + OUT_PAD), tile_n * (tile_m + OUT_PAD))
+
+
+def stages_for(
+    dtype: str, tile_m: int, tile_n: int, persistent: bool = False, pingpong: bool = False,
+    swap_ab: bool = False,
+) -> int:
+    """As many pipeline stages as shared memory holds, at most MAX_STAGES, beside a
+    persistent CTA's epilogue buffers (epilogue_bytes), ping-pong's per warpgroup (and a
+    second bias slice next to the barriers)."""
     per_stage = (tile_m + tile_n) * TILE_K[dtype] * ELEMENT_BYTES[dtype]
-    staging = 2 * max(tile_m * (tile_n + OUT_PAD), tile_n * (tile_m + OUT_PAD)) if persistent else 0
+    staging = epilogue_bytes(tile_m, tile_n, persistent, swap_ab, pingpong)
     owners = 2 if pingpong else 1
     free = SMEM_CAPACITY - owners * (BARRIER_RESERVE + staging)
     return min(MAX_STAGES, free // per_stage)
+
+
+def _stages(dtype: str, tactic: dict) -> int:
+    return stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
+                      tactic["pingpong"], tactic["swap_ab"])
 
 
 @dataclass(frozen=True)
@@ -252,7 +284,8 @@ def tactic_refusal(key: GemmSm90Key) -> str | None:
         return "a persistent grid walks whole tiles: split_k must be 1"
     if key.pingpong and (not key.persistent or key.swap_ab or not key.aligned_n):
         return "ping-pong walks whole tiles of a persistent grid (no swap-AB, N % 8 == 0)"
-    if key.stages != stages_for(key.dtype, key.tile_m, key.tile_n, key.persistent, key.pingpong):
+    if key.stages != stages_for(key.dtype, key.tile_m, key.tile_n, key.persistent, key.pingpong,
+                                key.swap_ab):
         return "stages must fill shared memory (stages_for)"
     return None
 
@@ -532,8 +565,7 @@ def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: 
         why += f"; split-K {tactic['split_k']} keeps N={n} in {_waves(tactic, m, n)} wave(s)"
     note = _accumulate_fp8(tactic, data, m, n, k, dtype)
     why += f"; {note}" if note else ""
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
-                        tactic["pingpong"])
+    stages = _stages(dtype, tactic)
     return tactic, stages, row.get("raster_m", data["raster_m"]), why
 
 
@@ -543,8 +575,7 @@ def _from_wave_model(m: int, n: int, k: int, dtype: str, data: dict):
     tactic["promote"] = False
     note = _accumulate_fp8(tactic, data, m, n, k, dtype)
     why += f"; {note}" if note else ""
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
-                        tactic["pingpong"])
+    stages = _stages(dtype, tactic)
     return tactic, stages, data["raster_m"], f"N={n} K={k} not tuned: {why}"
 
 
@@ -564,8 +595,7 @@ def _from_rule(m: int, n: int, k: int, dtype: str, data: dict):
     notes = [_accumulate_fp8(tactic, data, m, n, k, dtype),
              _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)]
     why += "".join(f"; {note}" for note in notes if note)
-    stages = stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
-                        tactic["pingpong"])
+    stages = _stages(dtype, tactic)
     return tactic, stages, data["raster_m"], why
 
 
@@ -866,7 +896,7 @@ class GemmSm90Family(KernelFamily):
         ]
         keys = [
             self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
-                     stages_for(self.dtype, tile_m, tile_n, walks, pingpong), PDL, raster_m,
+                     stages_for(self.dtype, tile_m, tile_n, walks, pingpong, swap_ab), PDL, raster_m,
                      aligned_n, swap_ab, split_k, promote, walks, pingpong)
             for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k, walks, pingpong
             in unsplit + filling + persistent + split + swapped

@@ -25,8 +25,8 @@ Design (what a reviewer can check against the code below)
   cluster walks the cluster tiles c, c + L, c + 2L, .. (L clusters launched) in the same grouped
   raster order. The producer's pipeline runs on across tiles, so while the consumers run one
   tile's epilogue it is already loading the next tile's first `stages` k-tiles; the epilogue
-  stages through its own shared-memory buffer (not the operand slots, which are being refilled).
-  Short-K shapes gain most: a CTA no longer pays a pipeline fill and an exposed epilogue per tile.
+  stages through its own shared-memory buffers (not the operand slots, which are being
+  refilled): the TMA-store epilogue below, or (swap-AB) a whole padded out^T tile. Short-K shapes gain most: a CTA no longer pays a pipeline fill and an exposed epilogue per tile.
 * Ping-pong (pingpong=True, persistent only): two consumer warpgroups each own whole tiles,
   warpgroup g the tiles g, g + 2, .. of its CTA's walk (tile_m x tile_n of at most 128
   accumulators per thread: 128 x 128, 64 x 256, 64 x 128). The producer loads every tile's
@@ -96,6 +96,19 @@ Design (what a reviewer can check against the code below)
   initialised and before the first global read of x / w / bias / scales and before any write of
   out; consumers execute griddepcontrol.launch_dependents after their last wgmma retired (before
   the epilogue), the producer after its last TMA was issued.  The launch sets use_pdl.
+* TMA-store epilogue (persistent, no swap, N % 8 == 0, tile_n % 16 == 0: every large-M tactic):
+  bf16(acc * scale + bias) is formed in registers, then leaves in strips of 32 columns (16 where
+  tile_n is not a multiple of 32) as high as the tiled MMA (tile_m, or 64 rows for ping-pong's
+  one-warpgroup MMA), so each strip's values are consecutive in the retiled fragment. Per strip: stmatrix from the retiled fragment into
+  one of the tile owner's EPI_BUFFERS = 2 swizzled buffers, fence.proxy.async (the TMA unit reads
+  through the async proxy), named barrier, then warp 0 of the owner issues the TMA store, commits
+  it and waits until at most one store is still reading shared memory, named barrier. So a
+  buffer is rewritten only after the store issued two strips earlier has read it, the global
+  writes run under the next strips and the next tile's main loop, TMA clips rows past M and
+  columns past N (no predicates), and shared memory holds 2 strips per owner (16 KiB at
+  tile_m = 128, 8 KiB per ping-pong warpgroup) instead of a whole padded tile: ping-pong 128 x 128 keeps 6 stages instead of 4, persistent
+  128 x 256 and 192 x 192 keep 4 instead of 3. Before the CTA exits, each storing warp waits for
+  its last stores to finish reading.
 * Barrier order per CTA: mbarrier init -> pipeline_init_arrive/wait (CTA or multicast
   cluster) -> [griddepcontrol.wait] -> [ping-pong: bar.sync MAIN_LOOP_TURN + g, except
   warpgroup 0's first tile] -> main loop (full/empty mbarriers) -> [ping-pong: bar.arrive
@@ -103,7 +116,8 @@ Design (what a reviewer can check against the code below)
   (consumers: operand slots free, or persistent: the staging buffer's previous tile stored;
   each thread's bias piece waited for before it, so all are visible to every consumer) ->
   stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
-  join) -> store -> [persistent: next tile] -> cluster barrier (any cluster: peers done with
+  join) -> store (TMA-store epilogue instead: bias barrier, then per strip stmatrix -> fence ->
+  barrier -> TMA store, wait_group.read 1 -> barrier) -> [persistent: next tile] -> cluster barrier (any cluster: peers done with
   this CTA's shared memory) -> exit.
 
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
@@ -126,6 +140,11 @@ BARRIER_RESERVE = 1024  # mbarriers + alignment slack
 WARPGROUP = 128
 OUT_VECTOR = 8  # elements per 16-byte bf16 store of the staged epilogue
 OUT_PAD = 8  # elements per staged row: rows 4 (bf16) / 8 (fp32) banks apart
+# TMA-store epilogue (persistent, whole tiles in out's order): the tile leaves in strips of
+# tile_m x EPI_COLS columns (16 where tile_n is not a multiple of 32), each through one of
+# EPI_BUFFERS shared-memory buffers per tile owner.
+EPI_COLS = 32
+EPI_BUFFERS = 2
 EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
 # Ping-pong: warpgroup g's epilogue barrier is EPILOGUE_BARRIER + g; "warpgroup g may start
 # its main loop" is MAIN_LOOP_TURN + g (bar.sync by g, bar.arrive by the other).
@@ -203,8 +222,18 @@ class HopperGemm:
         self.pingpong = bool(pingpong)
         self.out_tile = (tile_n, tile_m) if swap_ab else (tile_m, tile_n)
         # A persistent CTA stages its epilogue outside the operand slots (being refilled);
-        # ping-pong warpgroups each have their own buffer.
-        self.staging_bytes = staged_bytes(self.out_tile, 2) if persistent and aligned_n else 0
+        # ping-pong warpgroups each have their own buffers. In out's own order (no swap) it
+        # goes out by TMA stores of column strips, so only two strips need shared memory.
+        self.tma_store = persistent and aligned_n and not swap_ab and tile_n % 16 == 0
+        # A strip spans the tiled MMA's rows (64 per warpgroup sharing the tile: ping-pong's
+        # 128-row tile is two strips high), so its values are consecutive in the retiled
+        # fragment (_epilogue_tma).
+        rows = 64 * (1 if pingpong else tile_m // 64)
+        self.epi_tile = (rows, EPI_COLS if tile_n % EPI_COLS == 0 else 16)
+        if self.tma_store:
+            self.staging_bytes = EPI_BUFFERS * rows * self.epi_tile[1] * 2
+        else:
+            self.staging_bytes = staged_bytes(self.out_tile, 2) if persistent and aligned_n else 0
         self.epilogue_bytes = self.staging_bytes * (2 if self.pingpong else 1)
         need = self.stages * stage_bytes(tile_m, tile_n, self.tile_k, ab_dtype.width // 8)
         reserve = BARRIER_RESERVE * (2 if self.pingpong else 1)
@@ -329,6 +358,21 @@ class HopperGemm:
             (tile_n, tile_k),
             num_multicast=self.b_mcast,
         )
+        epi_smem = tma_out = tma_mout = None
+        c_type, c_size = cutlass.Uint8, max(self.epilogue_bytes, 16)
+        if cutlass.const_expr(self.tma_store):
+            # Every owner's EPI_BUFFERS strips, swizzled as the TMA store reads them.
+            epi_smem = sm90_utils.make_smem_layout_epi(
+                self.out_dtype, LayoutEnum.from_tensor(out), self.epi_tile,
+                EPI_BUFFERS * self.tile_owners,
+            )  # fmt: skip
+            c_type, c_size = self.out_dtype, cute.cosize(epi_smem)
+            tma_out, tma_mout = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(),
+                out,
+                cute.slice_(epi_smem, (None, None, 0)),
+                self.epi_tile,
+            )
 
         @cute.struct
         class SharedStorage:
@@ -338,7 +382,8 @@ class HopperGemm:
             sBias: cute.struct.Align[cute.struct.MemRange[BFloat16, self.bias_tile * self.tile_owners], 16]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, max(self.epilogue_bytes, 16)], 1024]
+            # The persistent epilogue's buffer: raw bytes, or the TMA store's typed strips.
+            sC: cute.struct.Align[cute.struct.MemRange[c_type, c_size], 1024]
 
         self.shared_storage = SharedStorage
         cluster_m, cluster_n = self.cluster_mn
@@ -353,7 +398,8 @@ class HopperGemm:
             grid_m = cutlass.min(clusters, per_wave) * cluster_m
             grid_n = cluster_n
         self.kernel(
-            tma_a, tma_ma, tma_b, tma_mb, x_scale, w_scale, bias, out, tiled_mma, a_smem, b_smem
+            tma_a, tma_ma, tma_b, tma_mb, x_scale, w_scale, bias, out, tiled_mma, a_smem, b_smem,
+            tma_out, tma_mout, epi_smem,
         ).launch(
             grid=[grid_m, grid_n, self.split_k],
             block=[self.threads, 1, 1],
@@ -608,7 +654,7 @@ class HopperGemm:
 
     @cute.jit
     def _consume(self, tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut,
-                 tidx, split, walk, clusters, k_tiles, owner):  # fmt: skip
+                 tidx, split, walk, clusters, k_tiles, owner, tma_epilogue):  # fmt: skip
         """The consumer warpgroups: for every tile this CTA walks, the wgmma main loop over the
         pipeline's slots into fp32 accumulators, then the epilogue. Ping-pong: warpgroup
         `owner` takes every other tile (the producer loads them all in walk order), its
@@ -689,8 +735,16 @@ class HopperGemm:
                 release.advance(k_tiles)
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
-            self._epilogue(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split,
-                           owner)  # fmt: skip
+            if cutlass.const_expr(self.tma_store):
+                self._epilogue_tma(acc, scale, tiled_mma, sBias, tma_epilogue, tile, tidx, owner,
+                                   (linear - first) // tile_step)  # fmt: skip
+            else:
+                self._epilogue(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx,
+                               split, owner)  # fmt: skip
+        if cutlass.const_expr(self.tma_store):
+            # The last strips' TMA stores must have read shared memory before the CTA exits.
+            if cute.arch.make_warp_uniform(tidx // 32) == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _pass_turn(self, owner, linear, step, end):
@@ -733,6 +787,64 @@ class HopperGemm:
         else:
             self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
 
+    @cute.jit
+    def _epilogue_tma(self, acc, scale, tiled_mma, sBias, tma_epilogue, tile, tidx, owner,
+                      tiles_done):  # fmt: skip
+        """bf16(acc * scale + bias) -> out by TMA stores, one tile_m x epi_cols strip at a time:
+        stmatrix into one of this owner's EPI_BUFFERS buffers, fence (the TMA unit reads it
+        through the async proxy), barrier, then one warp issues the store. A buffer is
+        rewritten only after the store issued EPI_BUFFERS strips earlier has read it (bulk
+        wait_group.read before the second barrier), so the stores run under the next strips
+        and the next tile's main loop. TMA clips rows past M and columns past N."""
+        tma_out, mOutTma, sEpi = tma_epilogue
+        barrier = EPILOGUE_BARRIER + owner  # the tile's own consumers
+        tile_m, tile_n = self.tile_shape_mnk[:2]
+        if cutlass.const_expr(self.prefetch_bias):
+            cute.arch.cp_async_wait_group(0)  # this thread's bias piece has landed
+        # Every bias piece is visible to every consumer thread of the tile.
+        cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
+        thr_mma = tiled_mma.get_slice(tidx)
+        tCcTile = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))  # static
+        values = cute.make_rmem_tensor(acc.shape, self.out_dtype)
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            bias = Float32(0.0)
+            if cutlass.const_expr(self.has_bias):
+                bias = sBias[tCcTile[i][1]].to(Float32)
+            values[i] = self._epilogue_value(acc[i], scale, bias)
+        atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.out_dtype)
+        r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(atom, tiled_mma))
+        thr_r2s = r2s.get_slice(tidx)
+        tRS_sEpi = thr_r2s.partition_D(sEpi)  # (R2S, R2S_M, R2S_N, buffer)
+        # The retiled fragment is ((R2S, column groups), MMA_M, 1), column groups inner: with a
+        # strip as high as the tiled MMA, strip (m, s) is the per_strip values from
+        # (m * strips_n + s) * per_strip on (a strip as high as the tile would not be
+        # consecutive where MMA_M > 1, as in ping-pong).
+        tRS_rValues = r2s.retile(values)
+        strip = cute.make_rmem_tensor(cute.shape(thr_r2s.partition_S(sEpi))[:3], self.out_dtype)
+        per_strip = cute.size(strip)
+        sStrips, gStrips = cute.nvgpu.cpasync.tma_partition(
+            tma_out,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(sEpi, 0, 2),
+            cute.zipped_divide(cute.local_tile(mOutTma, (tile_m, tile_n), tile), self.epi_tile),
+        )
+        strips_n = tile_n // self.epi_tile[1]
+        strips = tile_m // self.epi_tile[0] * strips_n
+        for s in cutlass.range_constexpr(strips):
+            for v in cutlass.range_constexpr(per_strip):
+                strip[v] = tRS_rValues[s * per_strip + v]
+            buffer = owner * EPI_BUFFERS + (tiles_done * strips + s) % EPI_BUFFERS
+            cute.copy(r2s, strip, tRS_sEpi[(None, None, None, buffer)])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
+            if cute.arch.make_warp_uniform(tidx // 32) == 0:
+                cute.copy(tma_out, sStrips[(None, buffer)],
+                          gStrips[(None, (s // strips_n, s % strips_n))])  # fmt: skip
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(EPI_BUFFERS - 1, read=True)
+            cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
+
     @cute.kernel
     def kernel(
         self,
@@ -747,6 +859,9 @@ class HopperGemm:
         tiled_mma: cute.TiledMma,
         a_smem: cute.ComposedLayout,
         b_smem: cute.ComposedLayout,
+        tma_out: cute.CopyAtom | None,
+        mOutTma: cute.Tensor | None,
+        epi_smem: cute.ComposedLayout | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         first, end, step = self._tiles_to_walk(mA, mB)
@@ -791,6 +906,9 @@ class HopperGemm:
 
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        sEpi = None
+        if cutlass.const_expr(self.tma_store):
+            sEpi = storage.sC.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
         tile_k = self.tile_shape_mnk[2]
         k_total = (mA.shape[1] + (tile_k - 1)) // tile_k
         k_begin = split * k_total // self.split_k
@@ -822,7 +940,7 @@ class HopperGemm:
             self._consume(
                 tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut,
                 tidx % self.tile_threads if self.pingpong else tidx, split, (first, end, step), (clusters_m, clusters_n),
-                k_tiles, owner,
+                k_tiles, owner, (tma_out, mOutTma, sEpi),
             )  # fmt: skip
 
         # Peers multicast into, or read the partial in, this CTA's shared memory: stay resident
