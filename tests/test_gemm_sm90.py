@@ -210,6 +210,23 @@ def test_a_neighbours_split_that_would_spill_into_another_wave_is_halved():
     assert spill.key.split_k == 1 and "split-K 1 keeps N=4608 in 1 wave(s)" in spill.reason
 
 
+def test_a_borrowed_split_keeps_sixteen_k_tiles_per_cta():
+    """M 128-256 on shapes nobody tuned: the tuned tactic borrowed from another shape splits K
+    only while every CTA keeps 16 k-tiles (the shipped tables' rows split 2048-long K in 4,
+    8 k-tiles each, which ran at 0.58x cuBLAS on the H200); a tuned shape's own split stays."""
+    split_rows = [r for r in family.default_table(ARCH).data["shape_rows"]
+                  if r.get("split_k", 1) > 1 and r["m"] == [65, 128]]  # fmt: skip
+    assert split_rows  # the borrowed candidates include split tactics
+    for m in (128, 256):
+        for n, k in ((2048, 2048), (3072, 1536), (2560, 2048), (768, 4096)):
+            assert (n, k) not in DEFAULT_SHAPES
+            key = family.dispatch(GemmProblem(m, n, k), ARCH).key
+            assert key.split_k == 1 or (k // 64) // key.split_k >= 16, (m, n, k, key.describe())
+    own = split_rows[0]
+    key = family.dispatch(GemmProblem(128, own["n"], own["k"]), ARCH).key
+    assert key.split_k == own["split_k"]
+
+
 def test_untuned_mid_m_takes_the_tuned_tactic_with_the_least_cost_at_its_waves():
     """Two tactics won at N=4096 (M 65..128), each in one wave: 128 x 256 in 10 us, 128 x 128 in
     9 us. Scaled to another N by whole waves x tile elements, 128 x 128 wins where both still

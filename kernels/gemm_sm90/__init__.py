@@ -77,6 +77,13 @@ SMS = 132  # H200 SMs
 # 1x1xS cluster's reduction costing more than the extra SMs bring (M <= 256, 23 layer shapes).
 SPLIT_MAX_CTAS = 72
 MIN_K_TILES_PER_SPLIT = 4  # fewer and the pipeline never fills
+# A split borrowed from another shape's row (M 128-256, shapes nobody tuned) keeps at least this
+# many k-tiles per CTA: on held-out shapes (N, K = 768..3072, 1536..4096) the H200 measured
+# short-K splits losing up to 0.57x cuBLAS where the unsplit or half-split tile won.
+BORROWED_MIN_K_TILES_PER_SPLIT = 16
+# What a CTA pays besides streaming its k-tiles (pipeline fill, epilogue), in k-tiles: the cost
+# model of borrowed rows (_work) charges it per CTA, so splitting a short K is not free.
+CTA_FILL_K_TILES = 8
 OUT_PAD = 8  # kernel.py: elements of padding per staged out row
 EPI_COLS = 32  # kernel.py: columns per TMA-stored epilogue strip
 EPI_BUFFERS = 2  # kernel.py: strips in flight per tile owner
@@ -145,9 +152,9 @@ def tiles_of(tactic: dict, m: int, n: int) -> int:
     return -(-rows // tactic["tile_m"]) * -(-cols // max(tactic["tile_n"], 1))
 
 
-def split_fits(split: int, k_tiles: int) -> bool:
-    """Whether every one of `split` K splits gets MIN_K_TILES_PER_SPLIT k-tiles."""
-    return split == 1 or k_tiles >= MIN_K_TILES_PER_SPLIT * split
+def split_fits(split: int, k_tiles: int, minimum: int = MIN_K_TILES_PER_SPLIT) -> bool:
+    """Whether every one of `split` K splits gets `minimum` k-tiles."""
+    return split == 1 or k_tiles >= minimum * split
 
 
 def auto_split(tiles: int, k_tiles: int) -> int:
@@ -420,10 +427,11 @@ def _waves(tactic: dict, m: int, n: int) -> int:
 
 
 def _work(tactic: dict, m: int, n: int, k: int, dtype: str) -> int:
-    """What a tactic's time scales with on one problem: whole waves of CTAs x k-tiles per CTA
-    x tile elements (a tile count just past a wave costs the whole next wave)."""
-    return (_waves(tactic, m, n) * -(-k_tiles_of(k, dtype) // tactic["split_k"])
-            * tactic["tile_m"] * tactic["tile_n"])
+    """What a tactic's time scales with on one problem: whole waves of CTAs x (k-tiles per CTA
+    + CTA_FILL_K_TILES) x tile elements (a tile count just past a wave costs the whole next
+    wave)."""
+    per_cta = -(-k_tiles_of(k, dtype) // tactic["split_k"]) + CTA_FILL_K_TILES
+    return _waves(tactic, m, n) * per_cta * tactic["tile_m"] * tactic["tile_n"]
 
 
 def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None:
@@ -438,7 +446,7 @@ def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None
         if not _holds(row, m) or not row.get("us"):
             continue
         tactic = _row_tactic(row)
-        if not split_fits(tactic["split_k"], k_tiles):
+        if not split_fits(tactic["split_k"], k_tiles, BORROWED_MIN_K_TILES_PER_SPLIT):
             continue  # this K is too short to split that way
         measured_m = row["m"][1] or M_BUCKETS[-1]  # a row is measured at its bucket's M
         name = tuple(sorted(tactic.items())) + (("raster_m", row.get("raster_m")),)
@@ -538,23 +546,26 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
     if n % OUT_VECTOR == 0 and data.get("shape_rows"):
         if m >= WAVE_MODEL_MIN_M:
             return _from_wave_model(m, n, k, dtype, data)
+        fewest = MIN_K_TILES_PER_SPLIT
         if m <= DECODE_MAX_M:
             row = _nearest_row(data, m, n, k)
             which = f"nearest tuned shape N={row['n']} K={row['k']}" if row else ""
         else:
             row = _row_cost_row(data, m, n, k, dtype)
             which = f"least measured cost of the tuned rows (won at N={row['n']} K={row['k']})" if row else ""
+            fewest = BORROWED_MIN_K_TILES_PER_SPLIT
         if row is not None:
-            return _from_row(row, data, m, n, k, dtype, f"{which} for N={n} K={k}")
+            return _from_row(row, data, m, n, k, dtype, f"{which} for N={n} K={k}", fewest)
     return _from_rule(m, n, k, dtype, data)
 
 
-def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: str):
+def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: str,
+              fewest: int = MIN_K_TILES_PER_SPLIT):  # fmt: skip
     low, high = row["m"]
     bound = f"M in [{low}, {high if high is not None else 'inf'}]"
     why = f"{which} {bound}: {row.get('why', '')}".rstrip(": ")
     tactic = _row_tactic(row)
-    while not split_fits(tactic["split_k"], k_tiles_of(k, dtype)):
+    while not split_fits(tactic["split_k"], k_tiles_of(k, dtype), fewest):
         tactic["split_k"] //= 2  # a neighbour's K was longer
     # The row's split filled its waves; at this N it may spill into one more (72 tiles x 2 =
     # 144 CTAs on 132 SMs): fewer splits then, each CTA streaming more of K.
