@@ -205,6 +205,7 @@ def stages_for(
 
 
 def _stages(dtype: str, tactic: dict) -> int:
+    """stages_for a dispatch rule's tactic fields."""
     return stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
                       tactic["pingpong"], tactic["swap_ab"])
 
@@ -907,8 +908,8 @@ class GemmSm90Family(KernelFamily):
         ]
         keys = [
             self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
-                     stages_for(self.dtype, tile_m, tile_n, walks, pingpong, swap_ab), PDL, raster_m,
-                     aligned_n, swap_ab, split_k, promote, walks, pingpong)
+                     stages_for(self.dtype, tile_m, tile_n, walks, pingpong, swap_ab), PDL,
+                     raster_m, aligned_n, swap_ab, split_k, promote, walks, pingpong)
             for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k, walks, pingpong
             in unsplit + filling + persistent + split + swapped
             for promote in promotes

@@ -26,7 +26,8 @@ Design (what a reviewer can check against the code below)
   raster order. The producer's pipeline runs on across tiles, so while the consumers run one
   tile's epilogue it is already loading the next tile's first `stages` k-tiles; the epilogue
   stages through its own shared-memory buffers (not the operand slots, which are being
-  refilled): the TMA-store epilogue below, or (swap-AB) a whole padded out^T tile. Short-K shapes gain most: a CTA no longer pays a pipeline fill and an exposed epilogue per tile.
+  refilled): the TMA-store epilogue below, or (swap-AB) a whole padded out^T tile. Short-K
+  shapes gain most: a CTA no longer pays a pipeline fill and an exposed epilogue per tile.
 * Ping-pong (pingpong=True, persistent only): two consumer warpgroups each own whole tiles,
   warpgroup g the tiles g, g + 2, .. of its CTA's walk (tile_m x tile_n of at most 128
   accumulators per thread: 128 x 128, 64 x 256, 64 x 128). The producer loads every tile's
@@ -99,16 +100,17 @@ Design (what a reviewer can check against the code below)
 * TMA-store epilogue (persistent, no swap, N % 8 == 0, tile_n % 16 == 0: every large-M tactic):
   bf16(acc * scale + bias) is formed in registers, then leaves in strips of 32 columns (16 where
   tile_n is not a multiple of 32) as high as the tiled MMA (tile_m, or 64 rows for ping-pong's
-  one-warpgroup MMA), so each strip's values are consecutive in the retiled fragment. Per strip: stmatrix from the retiled fragment into
-  one of the tile owner's EPI_BUFFERS = 2 swizzled buffers, fence.proxy.async (the TMA unit reads
-  through the async proxy), named barrier, then warp 0 of the owner issues the TMA store, commits
-  it and waits until at most one store is still reading shared memory, named barrier. So a
-  buffer is rewritten only after the store issued two strips earlier has read it, the global
-  writes run under the next strips and the next tile's main loop, TMA clips rows past M and
-  columns past N (no predicates), and shared memory holds 2 strips per owner (16 KiB at
-  tile_m = 128, 8 KiB per ping-pong warpgroup) instead of a whole padded tile: ping-pong 128 x 128 keeps 6 stages instead of 4, persistent
-  128 x 256 and 192 x 192 keep 4 instead of 3. Before the CTA exits, each storing warp waits for
-  its last stores to finish reading.
+  one-warpgroup MMA), so each strip's values are consecutive in the retiled fragment. Per
+  strip: stmatrix from the retiled fragment into one of the tile owner's EPI_BUFFERS = 2
+  swizzled buffers, fence.proxy.async (the TMA unit reads through the async proxy), named
+  barrier, then warp 0 of the owner issues the TMA store, commits it and waits until at most
+  one store is still reading shared memory, named barrier. So a buffer is rewritten only after
+  the store issued two strips earlier has read it, the global writes run under the next strips
+  and the next tile's main loop, TMA clips rows past M and columns past N (no predicates), and
+  shared memory holds 2 strips per owner (16 KiB at tile_m = 128, 8 KiB per ping-pong
+  warpgroup) instead of a whole padded tile: ping-pong 128 x 128 keeps 6 stages instead of 4,
+  persistent 128 x 256 and 192 x 192 keep 4 instead of 3. Before the CTA exits, each storing
+  warp waits for its last stores to finish reading.
 * Barrier order per CTA: mbarrier init -> pipeline_init_arrive/wait (CTA or multicast
   cluster) -> [griddepcontrol.wait] -> [ping-pong: bar.sync MAIN_LOOP_TURN + g, except
   warpgroup 0's first tile] -> main loop (full/empty mbarriers) -> [ping-pong: bar.arrive
@@ -117,8 +119,8 @@ Design (what a reviewer can check against the code below)
   each thread's bias piece waited for before it, so all are visible to every consumer) ->
   stage -> named barrier 1 (split_k = 1) or cluster barrier (split_k > 1, producer warps
   join) -> store (TMA-store epilogue instead: bias barrier, then per strip stmatrix -> fence ->
-  barrier -> TMA store, wait_group.read 1 -> barrier) -> [persistent: next tile] -> cluster barrier (any cluster: peers done with
-  this CTA's shared memory) -> exit.
+  barrier -> TMA store, wait_group.read 1 -> barrier) -> [persistent: next tile] -> cluster
+  barrier (any cluster: peers done with this CTA's shared memory) -> exit.
 
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
 `from __future__ import annotations` here: cute.struct reads its field annotations as objects.
@@ -141,8 +143,8 @@ WARPGROUP = 128
 OUT_VECTOR = 8  # elements per 16-byte bf16 store of the staged epilogue
 OUT_PAD = 8  # elements per staged row: rows 4 (bf16) / 8 (fp32) banks apart
 # TMA-store epilogue (persistent, whole tiles in out's order): the tile leaves in strips of
-# tile_m x EPI_COLS columns (16 where tile_n is not a multiple of 32), each through one of
-# EPI_BUFFERS shared-memory buffers per tile owner.
+# EPI_COLS columns (16 where tile_n is not a multiple of 32) as high as the tiled MMA, each
+# through one of EPI_BUFFERS shared-memory buffers per tile owner.
 EPI_COLS = 32
 EPI_BUFFERS = 2
 EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
@@ -221,6 +223,10 @@ class HopperGemm:
         self.persistent = bool(persistent)
         self.pingpong = bool(pingpong)
         self.out_tile = (tile_n, tile_m) if swap_ab else (tile_m, tile_n)
+        # Cooperative: tile_m / 64 warpgroups share a tile, 64 rows each. Ping-pong: two
+        # warpgroups, each owning whole tiles (every other tile this CTA walks).
+        self.mma_warpgroups = 2 if self.pingpong else tile_m // 64
+        self.tile_warpgroups = 1 if self.pingpong else self.mma_warpgroups
         # A persistent CTA stages its epilogue outside the operand slots (being refilled);
         # ping-pong warpgroups each have their own buffers. In out's own order (no swap) it
         # goes out by TMA stores of column strips, so only two strips need shared memory.
@@ -228,7 +234,7 @@ class HopperGemm:
         # A strip spans the tiled MMA's rows (64 per warpgroup sharing the tile: ping-pong's
         # 128-row tile is two strips high), so its values are consecutive in the retiled
         # fragment (_epilogue_tma).
-        rows = 64 * (1 if pingpong else tile_m // 64)
+        rows = 64 * self.tile_warpgroups
         self.epi_tile = (rows, EPI_COLS if tile_n % EPI_COLS == 0 else 16)
         if self.tma_store:
             self.staging_bytes = EPI_BUFFERS * rows * self.epi_tile[1] * 2
@@ -253,10 +259,6 @@ class HopperGemm:
         self.swap_ab = bool(swap_ab)
         self.split_k = int(split_k)
         self.promote = bool(promote)
-        # Cooperative: tile_m / 64 warpgroups share a tile, 64 rows each. Ping-pong: two
-        # warpgroups, each owning whole tiles (every other tile this CTA walks).
-        self.mma_warpgroups = 2 if self.pingpong else tile_m // 64
-        self.tile_warpgroups = 1 if self.pingpong else self.mma_warpgroups
         per_thread = tile_m * tile_n // (self.tile_warpgroups * WARPGROUP)
         budget = MAX_ACC_PER_THREAD[self.mma_warpgroups]
         if per_thread * (2 if self.promote else 1) > budget:
@@ -790,7 +792,7 @@ class HopperGemm:
     @cute.jit
     def _epilogue_tma(self, acc, scale, tiled_mma, sBias, tma_epilogue, tile, tidx, owner,
                       tiles_done):  # fmt: skip
-        """bf16(acc * scale + bias) -> out by TMA stores, one tile_m x epi_cols strip at a time:
+        """bf16(acc * scale + bias) -> out by TMA stores, one epi_tile strip at a time:
         stmatrix into one of this owner's EPI_BUFFERS buffers, fence (the TMA unit reads it
         through the async proxy), barrier, then one warp issues the store. A buffer is
         rewritten only after the store issued EPI_BUFFERS strips earlier has read it (bulk
