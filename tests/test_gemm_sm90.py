@@ -149,6 +149,12 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     wide = family.dispatch(GemmProblem(512, 4608, 3584), ARCH)
     assert "wave model: 128 tiles (fill width) of 128x144 in 1 wave(s)" in wide.reason
     assert (wide.key.persistent, wide.key.cluster_m, wide.key.split_k) == (False, 1, 1)
+    # 1024 x 4096: 8 x 4 tiles of 128 x 256 leave 100 SMs idle; 52 tiles of 128 x 80 split
+    # 2 ways fill 104 of them, each CTA streaming half of K.
+    split = family.dispatch(GemmProblem(512, 1024, 4096), ARCH)
+    assert "wave model: 52 tiles of 128x80 x split-K 2 (64 k-tiles) in 1 wave(s)" in split.reason
+    assert (split.key.tile_m, split.key.tile_n, split.key.split_k) == (128, 80, 2)
+    assert not split.key.persistent
     # At 8192 x 4608 every tile takes several waves: the cheapest per element, persistent.
     large = family.dispatch(GemmProblem(8192, 4608, 3584), ARCH).key
     assert (large.tile_m, large.tile_n, large.persistent, large.cluster_m) == (128, 256, True, 2)
@@ -373,7 +379,7 @@ def test_problem_and_reference_with_torch():
 
 # -- cross-compiled for sm_90a: the SASS is what the design note says ----------------------------
 COMPILED = [  # what the shipped tables pick (the comments: at the time of writing)
-    (family, GemmProblem(64, 6144, 4096), "HGMMA"),  # swap-AB 128 x 64
+    (family, GemmProblem(32, 6144, 4096), "HGMMA"),  # swap-AB 128 x 32
     (family, GemmProblem(4096, 28672, 4096), "HGMMA"),  # persistent 128 x 128, cluster 2x1
     (fp8_family, GemmProblem(4096, 6144, 4096, FP8_DTYPE), "QGMMA"),  # persistent 128 x 256
     (family, GemmProblem(4096, 1001, 4096), "HGMMA"),  # N % 8 != 0: 2-byte stores
@@ -523,4 +529,19 @@ def test_split_k_reduces_through_distributed_shared_memory(tmp_path):
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and opcodes.get("HGMMA", 0) == 4
     assert (opcodes.get("LD", 0), opcodes.get("LDS", 0), opcodes.get("STG", 0)) == (8, 0, 1)
+    assert opcodes.get("UCGABAR_ARV", 0) >= 2
+
+
+@pytest.mark.slow
+def test_a_wide_split_tile_sums_its_share_of_rows_from_every_peer(tmp_path):
+    """128 x 144 split 4 ways: each CTA sums 32 of the tile's rows, 18 eight-wide segments per
+    row over 256 consumer threads (3 rounds); per round two 16-byte ld.shared::cluster from
+    each of the 4 CTAs and one 16-byte store, nothing in local memory."""
+    pytest.importorskip("cutlass")
+    key = GemmSm90Key(BF16_DTYPE, True, 128, 144, 1, 1, stages_for(BF16_DTYPE, 128, 144), True,
+                      8, True, split_k=4)  # fmt: skip
+    kernel = _cross_compiled_kernel(key, tmp_path)
+    opcodes = kernel["opcodes"]
+    assert kernel["local"] == 0 and opcodes.get("HGMMA", 0) == 4
+    assert (opcodes.get("LD", 0), opcodes.get("STG", 0)) == (3 * 4 * 2, 3)
     assert opcodes.get("UCGABAR_ARV", 0) >= 2

@@ -72,6 +72,13 @@ SWAP_TILE_N: tuple[int, ...] = (8, 16, 32, 64)
 # H200: cuBLAS ran M=256 N=5120 with 80-wide tiles on 128 SMs while our 128 wide took 80).
 FILL_TILE_N: tuple[int, ...] = (80, 96, 112, 144, 160, 192)
 SPLITS: tuple[int, ...] = (1, 2, 4, 8)  # split-K: CTAs per output tile (a 1x1xS cluster)
+# Wider 128-row tiles split 2 or 4 ways, for mid M with small N and long K (M = 1024, N = 576,
+# K = 7168: 8 x 4 tiles of 128 x 144 leave 100 SMs idle, split 4 ways they fill 128).
+SPLIT_WIDE_TILE_N: tuple[int, ...] = FILL_TILE_N + (256,)
+# And 64-row tiles of these widths, for decode sizes whose swap-AB tiles land just past a wave
+# (M = 2, N = 5120: 80 swap-AB tiles x split 2 = 160 CTAs; 64 tiles of 64 x 80 x 2 = 128), and
+# for mid M with N = 576 (M = 1024: 16 x 4 tiles of 64 x 144, split 2 ways, fill 128 SMs).
+SPLIT_DECODE_TILE_N: tuple[int, ...] = (80, 96, 112, 144)
 SMS = 132  # H200 SMs
 # Split-K adds CTAs only up to about this many: past it, aot-tune on the H200 measured the
 # 1x1xS cluster's reduction costing more than the extra SMs bring (M <= 256, 23 layer shapes).
@@ -366,6 +373,18 @@ WAVE_TILE_COST = {(128, 256): 23.8, (128, 128): 24.0, (64, 256): 30.0, (64, 128)
 # 128 tiles of 128 x 144 in one wave, against 72 of 128 x 256 doing 1.8x the work per SM).
 FILL_WAVE_TILE_COST = {(128, 192): 24.5, (128, 144): 25.9, (128, 160): 26.3, (128, 112): 28.5,
                        (128, 96): 30.4, (64, 192): 30.4, (64, 160): 32.6, (64, 144): 33.0}  # fmt: skip
+# Split 128-row tiles (1x1xS cluster, reduced in distributed shared memory), by (tile_m, tile_n,
+# split), in the same unit for the whole K; the wave model scales them by the share of K (and
+# fill) a split CTA streams. Medians over the four held-out shapes at M 512..2048 (aot-tune,
+# H200, bf16), each problem's unit from its unsplit tiles: splitting costs 1.2-1.4x per element
+# at 2 ways, 1.6-1.8x at 4 (the reduction and a shorter main loop), worth it only where the
+# unsplit tiles leave most SMs idle.
+SPLIT_WAVE_TILE_COST = {(128, 256, 2): 27.4, (128, 192, 2): 29.6, (128, 160, 2): 31.4,
+                        (128, 144, 2): 33.0, (128, 128, 2): 35.0, (128, 112, 2): 36.7,
+                        (128, 96, 2): 40.9, (128, 80, 2): 43.2,
+                        (128, 256, 4): 36.3, (128, 192, 4): 41.2, (128, 160, 4): 41.3,
+                        (128, 144, 4): 47.9, (128, 112, 4): 47.3, (128, 96, 4): 52.5,
+                        (128, 80, 4): 56.7}  # fmt: skip
 WAVE_MODEL_MIN_M = 512  # below its bucket the tuned rows' measured costs decide (_row_cost_row)
 # Up to this many k-tiles a persistent 128-row tile runs as ping-pong 128 x 128: its epilogue
 # then hides under the other warpgroup's main loop. Against the cooperative persistent tiles
@@ -382,26 +401,36 @@ def wave_model_tactic(m: int, n: int, promoted: bool = False, k_tiles: int = 0) 
     width runs one CTA per tile. `promoted` (fp8): only tiles whose second accumulator set
     fits. On the tuned shapes the persistent tiles alone were within 3% (geomean) of the
     measured best, where a fixed tile or the nearest row lost up to 45%."""
-    tiles = [(tile, True) for tile in WAVE_TILE_COST]
-    tiles += [(tile, False) for tile in FILL_WAVE_TILE_COST]
+    tiles = [(tile, True, 1) for tile in WAVE_TILE_COST]
+    tiles += [(tile, False, 1) for tile in FILL_WAVE_TILE_COST]
+    tiles += [((tile_m, tile_n), False, split) for tile_m, tile_n, split in SPLIT_WAVE_TILE_COST
+              if split_fits(split, k_tiles, BORROWED_MIN_K_TILES_PER_SPLIT)]  # fmt: skip
     if promoted:
-        tiles = [(tile, walks) for tile, walks in tiles if can_promote(*tile)]
+        tiles = [choice for choice in tiles if can_promote(*choice[0])]
 
     def cost(choice):
-        (tile_m, tile_n), walks = choice
-        waves = -(-tiles_of({"tile_m": tile_m, "tile_n": tile_n}, m, n) // SMS)
-        per_element = (WAVE_TILE_COST if walks else FILL_WAVE_TILE_COST)[tile_m, tile_n]
-        return per_element * tile_m * tile_n * waves
+        (tile_m, tile_n), walks, split = choice
+        ctas = tiles_of({"tile_m": tile_m, "tile_n": tile_n}, m, n) * split
+        if split == 1:
+            per_element = (WAVE_TILE_COST if walks else FILL_WAVE_TILE_COST)[tile_m, tile_n]
+            return per_element * tile_m * tile_n * -(-ctas // SMS)
+        # A split CTA streams 1/split of K besides its fill (_work's unit).
+        share = (-(-k_tiles // split) + CTA_FILL_K_TILES) / (k_tiles + CTA_FILL_K_TILES)
+        per_element = SPLIT_WAVE_TILE_COST[tile_m, tile_n, split] * share
+        return per_element * tile_m * tile_n * -(-ctas // SMS)
 
-    (tile_m, tile_n), walks = min(tiles, key=cost)
+    (tile_m, tile_n), walks, split = min(tiles, key=cost)
     pingpong = walks and tile_m == 128 and not promoted and 0 < k_tiles <= PINGPONG_MAX_K_TILES
     tile_n = 128 if pingpong else tile_n
     tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": 2 if walks and m > tile_m else 1,
-              "cluster_n": 1, "swap_ab": False, "split_k": 1, "persistent": walks,
+              "cluster_n": 1, "swap_ab": False, "split_k": split, "persistent": walks,
               "pingpong": pingpong}  # fmt: skip
     count = tiles_of(tactic, m, n)
-    kind = "persistent tiles" if walks else "tiles (fill width)"
-    why = f"wave model: {count} {kind} of {tile_m}x{tile_n} in {-(-count // SMS)} wave(s)"
+    kind = "persistent tiles" if walks else "tiles (fill width)" if split == 1 else "tiles"
+    why = f"wave model: {count} {kind} of {tile_m}x{tile_n}"
+    if split > 1:
+        why += f" x split-K {split} ({k_tiles} k-tiles)"
+    why += f" in {-(-count * split // SMS)} wave(s)"
     if pingpong:
         why += f"; {k_tiles} k-tiles <= {PINGPONG_MAX_K_TILES}: ping-pong 128x128"
     return tactic, why
@@ -799,8 +828,7 @@ class GemmSm90Family(KernelFamily):
     def tune_candidates(self, problem, arch: str) -> list[GemmSm90Key]:
         """The tactics worth timing at this M: swap-AB (tile fitted to M) and 64-row tiles for
         decode sizes; every tile up to 128 x 128 split or not, and the wide ones, for mid M;
-        the unsplit tiles (fill widths included) with their clusters and rasters, and split
-        128-row tiles, above."""
+        every tile (fill widths, clusters, rasters, splits, persistent) above."""
         problem = GemmProblem(*problem)
         check_problem(problem, self.name)
         aligned_n = problem.n % OUT_VECTOR == 0
@@ -814,8 +842,9 @@ class GemmSm90Family(KernelFamily):
             if m <= 256:
                 return not key.persistent
             # Fill widths too: a width whose tiles land on whole waves (N = 576 in 4 tiles of
-            # 144, N = 5120 in 32 of 160) beats the padded or wave-split power-of-two tiles.
-            return key.split_k == 1 or key.tile_m == 128
+            # 144, N = 5120 in 32 of 160) beats the padded or wave-split power-of-two tiles;
+            # and split tiles of both heights (M = 1024, N = 576: 64 x 144 split 2 ways, 128).
+            return True
 
         return [
             key for key in self.tactic_space(arch, aligned=(aligned_n,))
@@ -899,6 +928,14 @@ class GemmSm90Family(KernelFamily):
             for tile_m in (64, 128)
             for tile_n in (64, 128)
             for split_k in SPLITS[1:]
+        ] + [
+            (128, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
+            for tile_n in SPLIT_WIDE_TILE_N
+            for split_k in SPLITS[1:3]
+        ] + [
+            (64, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
+            for tile_n in SPLIT_DECODE_TILE_N
+            for split_k in SPLITS[1:3]
         ]
         swapped = [
             (tile_m, tile_n, 1, 1, RASTER_M, True, split_k, False, False)
