@@ -155,6 +155,9 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     assert "wave model: 52 tiles of 128x80 x split-K 2 (64 k-tiles) in 1 wave(s)" in split.reason
     assert (split.key.tile_m, split.key.tile_n, split.key.split_k) == (128, 80, 2)
     assert not split.key.persistent
+    # fp8's split costs were never measured: its wave model keeps whole-K tiles.
+    fp8_split = fp8_family.dispatch(GemmProblem(512, 1024, 4096, FP8_DTYPE), ARCH)
+    assert "wave model" in fp8_split.reason and fp8_split.key.split_k == 1
     # At 8192 x 4608 every tile takes several waves: the cheapest per element, persistent.
     large = family.dispatch(GemmProblem(8192, 4608, 3584), ARCH).key
     assert (large.tile_m, large.tile_n, large.persistent, large.cluster_m) == (128, 256, True, 2)
