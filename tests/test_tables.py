@@ -18,7 +18,7 @@ from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import TableError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.kernels import family, family_facts
-from cute_aot.kernels.gemm_sm90 import GemmProblem, handwritten_table
+from cute_aot.kernels.gemm_sm90 import GemmProblem, handwritten_table, stages_for
 from cute_aot.kernels.router_gemm import RouterProblem
 from cute_aot.kernels.tables import Table, read_tables, write_tables
 from cute_aot.runtime import REGISTRY, ops
@@ -81,7 +81,7 @@ def test_router_dispatch_follows_the_tuned_row_and_the_rule_elsewhere():
 def test_gemm_tuned_rows_serve_their_m_range():
     handwritten = handwritten_table("gemm_sm90", ARCH)
     wide = GEMM.dispatch(GemmProblem(200, 4096, 4096), ARCH, handwritten).key
-    best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, 8, True, 8, True)
+    best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, stages_for("bfloat16", 64, 64), True, 8, True)
     table = GEMM.tuned_table(
         ARCH, [(GemmProblem(256, 4096, 4096), best, {best.id: 10.0, wide.id: 12.0})],
         {"source": "aot-tune"},
@@ -287,7 +287,7 @@ def test_retuning_some_m_keeps_the_other_rows_of_the_base_table():
     """aot-tune --m 128 --base tables.json: the new row replaces the base's rows it overlaps
     at that (N, K); every other row of the base stays, and the provenance says so."""
     base = GEMM.default_table(ARCH)
-    best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, 8, True, 8, True)
+    best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, stages_for("bfloat16", 64, 64), True, 8, True)
     table = GEMM.tuned_table(ARCH, [(GemmProblem(128, 4096, 4096), best, {best.id: 9.0})],
                              {"source": "aot-tune"}, base=base)  # fmt: skip
     rows = table.data["shape_rows"]
