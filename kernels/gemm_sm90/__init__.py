@@ -378,15 +378,17 @@ FILL_WAVE_TILE_COST = {(128, 192): 24.5, (128, 144): 25.9, (128, 160): 26.3, (12
 # fill) a split CTA streams. Medians over the four held-out shapes at M 512..2048 (aot-tune,
 # H200, bf16), each problem's unit from its unsplit tiles: splitting costs 1.2-1.4x per element
 # at 2 ways, 1.6-1.8x at 4 (the reduction and a shorter main loop), worth it only where the
-# unsplit tiles leave most SMs idle. Measured for bf16 only: fp8 splits no untuned shape (with
-# bf16's costs, fp8 512 x 1024 x 4096 took split-K 2 and ran 0.92x the unsplit tile's speed).
-SPLIT_WAVE_TILE_COST = {(128, 256, 2): 27.4, (128, 192, 2): 29.6, (128, 160, 2): 31.4,
-                        (128, 144, 2): 33.0, (128, 128, 2): 35.0, (128, 112, 2): 36.7,
-                        (128, 96, 2): 40.9, (128, 80, 2): 43.2,
-                        (128, 256, 4): 36.3, (128, 192, 4): 41.2, (128, 160, 4): 41.3,
-                        (128, 144, 4): 47.9, (128, 112, 4): 47.3, (128, 96, 4): 52.5,
-                        (128, 80, 4): 56.7}  # fmt: skip
-SPLIT_WAVE_DTYPES = (BF16_DTYPE,)
+# unsplit tiles leave most SMs idle. By dtype, measured for bf16 only: fp8 splits no untuned
+# shape (with bf16's costs, fp8 512 x 1024 x 4096 took split-K 2 and ran 0.92x the unsplit
+# tile's speed).
+SPLIT_WAVE_TILE_COST = {
+    BF16_DTYPE: {(128, 256, 2): 27.4, (128, 192, 2): 29.6, (128, 160, 2): 31.4,
+                 (128, 144, 2): 33.0, (128, 128, 2): 35.0, (128, 112, 2): 36.7,
+                 (128, 96, 2): 40.9, (128, 80, 2): 43.2,
+                 (128, 256, 4): 36.3, (128, 192, 4): 41.2, (128, 160, 4): 41.3,
+                 (128, 144, 4): 47.9, (128, 112, 4): 47.3, (128, 96, 4): 52.5,
+                 (128, 80, 4): 56.7},
+}  # fmt: skip
 WAVE_MODEL_MIN_M = 512  # below its bucket the tuned rows' measured costs decide (_row_cost_row)
 # Up to this many k-tiles a persistent 128-row tile runs as ping-pong 128 x 128: its epilogue
 # then hides under the other warpgroup's main loop. Against the cooperative persistent tiles
@@ -408,9 +410,9 @@ def wave_model_tactic(
     where a fixed tile or the nearest row lost up to 45%."""
     tiles = [(tile, True, 1) for tile in WAVE_TILE_COST]
     tiles += [(tile, False, 1) for tile in FILL_WAVE_TILE_COST]
-    if dtype in SPLIT_WAVE_DTYPES:
-        tiles += [((tile_m, tile_n), False, split) for tile_m, tile_n, split in SPLIT_WAVE_TILE_COST
-                  if split_fits(split, k_tiles, BORROWED_MIN_K_TILES_PER_SPLIT)]  # fmt: skip
+    split_costs = SPLIT_WAVE_TILE_COST.get(dtype, {})
+    tiles += [((tile_m, tile_n), False, split) for tile_m, tile_n, split in split_costs
+              if split_fits(split, k_tiles, BORROWED_MIN_K_TILES_PER_SPLIT)]  # fmt: skip
     if promoted:
         tiles = [choice for choice in tiles if can_promote(*choice[0])]
 
@@ -422,7 +424,7 @@ def wave_model_tactic(
             return per_element * tile_m * tile_n * -(-ctas // SMS)
         # A split CTA streams 1/split of K besides its fill (_work's unit).
         share = (-(-k_tiles // split) + CTA_FILL_K_TILES) / (k_tiles + CTA_FILL_K_TILES)
-        per_element = SPLIT_WAVE_TILE_COST[tile_m, tile_n, split] * share
+        per_element = split_costs[tile_m, tile_n, split] * share
         return per_element * tile_m * tile_n * -(-ctas // SMS)
 
     (tile_m, tile_n), walks, split = min(tiles, key=cost)
