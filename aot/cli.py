@@ -44,7 +44,7 @@ from cute_aot.aot.compile_pool import default_jobs
 from cute_aot.aot.report import print_summary, report_path, write_report
 from cute_aot.aot.shard import Shard
 from cute_aot.aot.wheel import write_wheels
-from cute_aot.artifacts import signing
+from cute_aot.artifacts import settings, signing
 from cute_aot.artifacts.errors import CuteAotError, KeyFileError, TableError
 from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
@@ -163,7 +163,7 @@ def _parse_shard(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
-def _existing_miss_log(ctx, param, value):
+def _existing_source(ctx, param, value):
     from cute_aot.artifacts.urls import local_path
 
     local = local_path(value) if value else None
@@ -214,22 +214,34 @@ def plan_from_misses(
     return {arch: sorted(keys, key=lambda key: key.symbol) for arch, keys in sorted(plan.items())}
 
 
-def plan_from_record(path, archs, console: Console) -> tuple[dict[str, list], list[tuple]]:
-    """({arch: keys}, [(call site, target, arch, why not)]) of a record file (runtime/record.py),
-    keys in record order (keys_by_arch orders them):
-    each replayable call for every architecture asked (default: the one it was recorded on).
-    A call recorded with hardware answers is replayed only for the architecture that gave them."""
-    from cute_aot.kernels.recorded import RecordedCallKey, read_records
+def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], list[tuple]]:
+    """({arch: keys}, [(call site, target, arch, why not)]) of records (runtime/record.py: a
+    file, a folder or a URL prefix), each distinct call once, keys in record order (keys_by_arch
+    orders them): each replayable call for every architecture asked (default: the one it was
+    recorded on). A call recorded with hardware answers is replayed only for the architecture
+    that gave them; one recorded with different answers (on GPUs that differ) is a conflict,
+    named with both records and built from neither."""
+    from cute_aot.kernels.recorded import RecordedCallKey, hardware_answers, read_records
 
     wanted = [normalize_arch(arch) for arch in archs]
     plan: dict[str, dict] = {}
     left_out: list[tuple] = []
-    for record in read_records(path):
+    first_seen: dict[str, tuple[str, str]] = {}  # key id -> (its hardware answers, where)
+    conflicts: dict[str, str] = {}  # key id -> why
+    for where, record in read_records(source):
         site, target = record.get("site", "?"), record.get("target", "?")
         if not record.get("recreatable") or record.get("servable") is False:
             left_out.append((site, target, record.get("arch") or "-", record.get("reason")))
             continue
         key = RecordedCallKey.from_fields(record["key"])
+        answers = hardware_answers(key)
+        seen = first_seen.setdefault(key.id, (answers, where))
+        if seen[0] != answers and key.id not in conflicts:
+            conflicts[key.id] = (f"recorded with different hardware answers: {seen[0]} in "
+                                 f"{seen[1]}, {answers} in {where}")  # fmt: skip
+            left_out.append((site, target, record.get("arch") or "-", conflicts[key.id]))
+        if key.id in conflicts:
+            continue
         recorded_arch = normalize_arch(record["arch"]) if record.get("arch") else None
         for arch in wanted or [recorded_arch]:
             if arch is None:
@@ -239,7 +251,10 @@ def plan_from_record(path, archs, console: Console) -> tuple[dict[str, list], li
                 left_out.append((site, target, arch, f"its trace asked the {recorded_arch} GPU "
                                  f"for {', '.join(sorted(key.hardware))}: replayable there only"))  # fmt: skip
             else:
-                plan.setdefault(arch, {})[key.id] = key
+                plan.setdefault(arch, {}).setdefault(key.id, key)
+    for keys in plan.values():
+        for key_id in conflicts:
+            keys.pop(key_id, None)
     if left_out:
         table = Table(title=f"{len(left_out)} recorded call(s) not built", show_lines=False)
         for column in ("call site", "target", "arch", "why"):
@@ -247,8 +262,9 @@ def plan_from_record(path, archs, console: Console) -> tuple[dict[str, list], li
         for row in left_out:
             table.add_row(*map(str, row))
         console.print(table)
+    plan = {arch: keys for arch, keys in plan.items() if keys}
     if not plan:
-        raise CuteAotError(f"{path}: no recorded call to build")
+        raise CuteAotError(f"{source}: no recorded call to build")
     return {arch: list(keys.values()) for arch, keys in plan.items()}, left_out
 
 
@@ -586,7 +602,7 @@ def _write_wheels(console: Console, bundles, out_dir: Path, **naming) -> None:
 @click.option(
     "--from-misses",
     "misses_file",
-    callback=_existing_miss_log,
+    callback=_existing_source,
     metavar="LOG",
     help="Build exactly the keys servers missed (CUTE_AOT_MISS_LOG), once per arch: a log file, "
     "a folder of them, or a URL prefix (s3://bucket/misses/, any fsspec protocol).",
@@ -594,10 +610,11 @@ def _write_wheels(console: Console, bundles, out_dir: Path, **naming) -> None:
 @click.option(
     "--from-record",
     "record_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    metavar="FILE",
-    help="Build the cute.compile calls recorded in FILE (CUTE_AOT_RECORD), for each --arch "
-    "(default: the architecture each was recorded on); exit status 1 if any was not built.",
+    callback=_existing_source,
+    metavar="RECORD",
+    help="Build the cute.compile calls recorded (CUTE_AOT_RECORD) in a file, a folder of them or "
+    "a URL prefix, each distinct call once, for each --arch (default: the architecture each was "
+    "recorded on); exit status 1 if any was not built.",
 )
 @click.option(
     "--shard",
@@ -635,6 +652,7 @@ def main(
     output: Output,
 ):
     """Cross-compile CuTe DSL kernels on this (CPU-only) machine: one bundle per architecture."""
+    ctx.with_resource(settings.tool_process())  # never recorded nor served, workers included
     if ctx.invoked_subcommand:
         _refuse_build_options(ctx)
         return

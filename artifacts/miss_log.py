@@ -41,7 +41,7 @@ def _lines(path: Path) -> Iterator[bytes]:
                 yield line
 
 
-def _records(lines) -> Iterator[dict]:
+def _objects(lines) -> Iterator[dict]:
     for line in lines:
         if len(line) > MAX_LINE_BYTES:
             continue
@@ -49,33 +49,42 @@ def _records(lines) -> Iterator[dict]:
             record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
-        if isinstance(record, dict) and REQUIRED_FIELDS <= set(record):
+        if isinstance(record, dict):
             yield record
 
 
-def _log_records(path: Path) -> Iterator[dict]:
+def _log_objects(path: Path) -> Iterator[tuple[str, dict]]:
     for part in (rotated_path(path), path):
         if part is path or part.exists():
-            yield from _records(_lines(part))
+            yield from ((str(part), record) for record in _objects(_lines(part)))
 
 
-def _remote_records(url: str) -> Iterator[dict]:
+def _remote_objects(url: str) -> Iterator[tuple[str, dict]]:
     fs, root = urls.filesystem(url)
     names = [root] if fs.isfile(root) else sorted(n for n in fs.find(root) if n.endswith(".jsonl"))
     for name in names:
-        # One object is one process's records (one line per key): small, read whole.
-        yield from _records(fs.cat_file(name).splitlines(keepends=True))
+        # One object is one process's lines (one per key or call): small, read whole.
+        lines = fs.cat_file(name).splitlines(keepends=True)
+        yield from ((f"{url.split('://', 1)[0]}://{name}", record) for record in _objects(lines))
+
+
+def read_objects(source: str | os.PathLike, what: str = "miss log") -> list[tuple[str, dict]]:
+    """(file, object) of every JSON object line of a log file, of every `*.jsonl` under a folder
+    or a URL prefix (in name order), in file order: the one reader of the JSON-lines files that
+    processes append to or write one per process (miss logs, records). A line that is no JSON
+    object (a torn last line of a killed writer) is skipped."""
+    local = urls.local_path(source)
+    if local is not None and not local.is_dir():
+        return list(_log_objects(local))
+    if local is not None:
+        logs = sorted(path for path in local.rglob("*.jsonl") if path.is_file())
+        return [found for path in logs for found in _log_objects(path)]
+    try:
+        return list(_remote_objects(source))
+    except Exception as exc:  # a store's errors (botocore's, aiohttp's) are not all OSErrors
+        raise CuteAotError(f"{source}: cannot read the {what} ({exc})") from exc
 
 
 def read_misses(source: str | os.PathLike) -> list[dict]:
     """Every well-formed miss record of a log file, a folder or a URL prefix, in file order."""
-    local = urls.local_path(source)
-    if local is not None and not local.is_dir():
-        return list(_log_records(local))
-    if local is not None:
-        logs = sorted(path for path in local.rglob("*.jsonl") if path.is_file())
-        return [record for path in logs for record in _log_records(path)]
-    try:
-        return list(_remote_records(source))
-    except Exception as exc:  # a store's errors (botocore's, aiohttp's) are not all OSErrors
-        raise CuteAotError(f"{source}: cannot read the miss log ({exc})") from exc
+    return [record for _, record in read_objects(source) if REQUIRED_FIELDS <= set(record)]

@@ -10,6 +10,7 @@ format and the runtime all read their settings through it without import cycles.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -53,10 +54,17 @@ REVERIFY = Setting("CUTE_AOT_REVERIFY", "0",
 REMOTE_UNSIGNED = Setting("CUTE_AOT_REMOTE_UNSIGNED", "0",
                           "1: load bundles from URLs without a trusted signature (hashes are still checked)")  # fmt: skip
 RECORD = Setting("CUTE_AOT_RECORD", "none",
-                 "a file: every distinct cute.compile call of this process is appended to it, as "
-                 "data `aot-build --from-record` rebuilds")  # fmt: skip
+                 "a file, a folder or a URL prefix (s3://bucket/records/, any fsspec protocol; a "
+                 "folder or prefix gets one file per process): every distinct cute.compile call "
+                 "of every process is recorded there, as data `aot-build --from-record` rebuilds")  # fmt: skip
 INTERCEPT = Setting("CUTE_AOT_INTERCEPT", "0",
                     "1: cute.compile serves recorded kernels from the bundles (by CUTE_AOT_MODE)")  # fmt: skip
+REPORT = Setting("CUTE_AOT_REPORT", "none",
+                 "a JSON file: at exit, each process adds its cute.compile compiles, hits and "
+                 "misses per target and per family to it")  # fmt: skip
+DISABLE = Setting("CUTE_AOT_DISABLE", "0",
+                  "1: the startup hook does nothing in this process and the ones it starts "
+                  "(cute-aot's own tools set it for their workers)")  # fmt: skip
 
 SETTINGS: tuple[Setting, ...] = (
     BUNDLES,
@@ -71,7 +79,11 @@ SETTINGS: tuple[Setting, ...] = (
     REMOTE_UNSIGNED,
     RECORD,
     INTERCEPT,
+    REPORT,
+    DISABLE,
 )
+# What the startup hook (runtime/activation.py) installs the cute.compile hook for.
+ACTIVATING: tuple[Setting, ...] = (RECORD, INTERCEPT, REPORT)
 
 _TRUE = ("1", "true", "yes", "on")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*\Z")
@@ -142,9 +154,40 @@ def remote_unsigned() -> bool:
     return _flag(REMOTE_UNSIGNED)
 
 
-def record_file() -> Path | None:
-    raw = RECORD.raw()
+def record_location() -> str | None:
+    """As written: a file, a folder (a trailing '/' or an existing folder) or a URL prefix."""
+    return RECORD.raw()
+
+
+def report_file() -> Path | None:
+    raw = REPORT.raw()
     return Path(raw) if raw else None
+
+
+def disabled() -> bool:
+    return _flag(DISABLE)
+
+
+@contextlib.contextmanager
+def tool_process():
+    """cute-aot's own tools (aot-build, aot-tune) run inside: CUTE_AOT_DISABLE=1, so that the
+    startup hook and the cute.compile hook stand aside in this process and in every process it
+    starts (compile workers inherit the environment); as before once the block ends."""
+    saved = os.environ.get(DISABLE.name)
+    os.environ[DISABLE.name] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(DISABLE.name, None)
+        else:
+            os.environ[DISABLE.name] = saved
+
+
+def activating() -> list[str]:
+    """The set variables that ask for the cute.compile hook (empty: the hook stays out)."""
+    return [setting.name for setting in ACTIVATING
+            if setting.raw() and (setting is not INTERCEPT or intercept())]  # fmt: skip
 
 
 def intercept() -> bool:

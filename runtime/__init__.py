@@ -33,21 +33,6 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "set_mode"]
 
 
-def _hook_compile_from_env() -> None:
-    """CUTE_AOT_RECORD / CUTE_AOT_INTERCEPT: hook cute.compile as this package is imported (a
-    process that sets them compiles CuTe DSL kernels, so cutlass is imported here for it)."""
-    from cute_aot.artifacts import settings
-
-    if settings.RECORD.raw():
-        from cute_aot.runtime.record import record_from_env
-
-        record_from_env()
-    if settings.intercept():
-        from cute_aot.runtime.compile_hook import intercept
-
-        intercept()
-
-
 def set_mode(mode) -> None:
     """Set the process-wide mode (auto | aot | jit; None: CUTE_AOT_MODE) for the next calls."""
     from cute_aot.runtime import mode as _mode
@@ -72,4 +57,6 @@ def __getattr__(name: str):
     return value
 
 
-_hook_compile_from_env()
+# CUTE_AOT_RECORD / CUTE_AOT_INTERCEPT / CUTE_AOT_REPORT: the installed startup hook has done
+# this already; it is done here too for a package that only sits on PYTHONPATH (no site dir).
+importlib.import_module("cute_aot.runtime.activation").activate()

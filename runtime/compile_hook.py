@@ -22,18 +22,21 @@ import contextlib
 import sys
 import threading
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
 from cute_aot.kernels.recorded import FAMILY
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
-__all__ = ["executed", "install_hook", "intercept", "uninstall"]
+__all__ = ["executed", "install_hook", "intercept", "per_target", "uninstall"]
 
 _recorders: list = []  # runtime/record.Recorder objects, innermost last
 _lock = threading.Lock()
 _original = None  # CompileCallable._compile as cutlass-dsl defines it
 _executed = 0  # real compiles that went through the hook (served calls are not compiles)
 _local = threading.local()  # compiles in progress on this thread (a probe inside a compile)
+_targets: dict[str, dict[str, int]] = {}  # target -> {compiles, hits, misses} in this process
+OUTCOMES = ("compiles", "hits", "misses")
 
 
 def executed() -> int:
@@ -42,10 +45,26 @@ def executed() -> int:
     return _executed
 
 
-def _run_original(self, func, args, kwargs):
+def per_target() -> dict[str, dict[str, int]]:
+    """target (`module:function` of what was compiled) -> {compiles, hits, misses} in this
+    process: real compiles made through the hook, calls served from a bundle, and calls a
+    served process found no kernel for (CUTE_AOT_REPORT writes them at exit)."""
+    with _lock:
+        return {target: dict(counts) for target, counts in sorted(_targets.items())}
+
+
+def _count(target: str, outcome: str) -> None:
+    with _lock:
+        counts = _targets.setdefault(target, dict.fromkeys(OUTCOMES, 0))
+        counts[outcome] += 1
+
+
+def _run_original(self, func, args, kwargs, target: str | None = None):
     global _executed
     with _lock:
         _executed += 1
+    if target is not None:
+        _count(target, "compiles")
     return _original(self, func, *args, **kwargs)
 
 
@@ -104,27 +123,44 @@ def _compile(self, func, *args, **kwargs):
     from cute_aot.kernels.recorded import hardware
     from cute_aot.runtime.serving import installed
 
+    if settings.disabled():  # cute-aot's own tools (settings.tool_process): not ours to touch
+        return _original(self, func, *args, **kwargs)
     serving, recorders = installed(FAMILY), list(_recorders)
     nested = getattr(_local, "depth", 0) > 0
     if nested or (serving is None and not recorders) or hardware.is_probe(func):
         return _run_original(self, func, args, kwargs)
     call, why = _describe(self, func, args, kwargs)
+    target = call.target if call is not None else _target_name(func)
     if serving is not None:
-        served = _served(serving, call, why)
+        try:
+            served = _served(serving, call, why)
+        except KernelNotFoundError:  # mode aot
+            _count(target, "misses")
+            raise
         if served is not None:
+            _count(target, "hits")
             return served
+        if current_mode() is not Mode.JIT:
+            _count(target, "misses")
     queried: dict = {}
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
         with contextlib.ExitStack() as stack:
             if recorders:
                 _log_hardware(stack, queried)
-            compiled = _run_original(self, func, args, kwargs)
+            compiled = _run_original(self, func, args, kwargs, target)
     finally:
         _local.depth -= 1
     for recorder in recorders:
         recorder.add(call, why, queried, compiled, _call_site())
     return compiled
+
+
+def _target_name(func) -> str:
+    func = getattr(func, "__func__", func)
+    return (
+        f"{getattr(func, '__module__', '?')}:{getattr(func, '__qualname__', type(func).__name__)}"
+    )
 
 
 def _log_hardware(stack: contextlib.ExitStack, into: dict) -> None:

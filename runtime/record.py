@@ -1,16 +1,24 @@
-"""Recording `cute.compile` calls: every distinct call of a real run, appended once to a record
-file that `aot-build --from-record FILE` replays on a CPU.
+"""Recording `cute.compile` calls: every distinct call of a real run, written once to where
+`aot-build --from-record` reads it and replays it on a CPU.
 
     from cute_aot.runtime.record import recording
     with recording("calls.jsonl"):
-        run_the_warm_up()                   # or: CUTE_AOT_RECORD=calls.jsonl, from process start
+        run_the_warm_up()                   # or: CUTE_AOT_RECORD=calls.jsonl, in every process
 
-A record file is JSON lines, one per distinct call (several processes may write one file at
-once: appends happen under a file lock, and a call already in the file is not written again).
-Each line holds the recorded family's key (kernels/recorded: what is compiled, its source hash,
-every argument's type, the options; example values and the hardware answers a replay needs),
-the architecture, the call site, and for a call that cannot be replayed the reason instead.
-Recording never changes what the compile returns, and a failure to record is said, not raised.
+Records are JSON lines, one per distinct call. Each holds the recorded family's key
+(kernels/recorded: what is compiled, its source hash, every argument's type, the options;
+example values and the hardware answers a replay needs), the architecture, the call site, and
+for a call that cannot be replayed the reason instead. Where they go:
+
+- a file: every process appends to it, under a file lock, a call already in it not again;
+- a folder (a trailing '/', or an existing folder): one file per process, appended to;
+- a URL prefix (s3://bucket/records/, any fsspec protocol): one file per process, written in
+  the background and at exit or SIGTERM (runtime/process_files.py).
+
+A local record is on disk when the compile returns: a worker that is killed loses none. The
+same call recorded on GPUs that answered its hardware queries otherwise is written once per
+answer, so that the build names the conflict. Recording never changes what the compile
+returns, and a failure to record is said, not raised.
 """
 
 from __future__ import annotations
@@ -23,21 +31,28 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from cute_aot.artifacts import settings
-from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT
+from cute_aot.artifacts import settings, urls
+from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT, RecordedCallKey, hardware_answers
 from cute_aot.kernels.recorded.calls import signature_mismatch
 from cute_aot.runtime import compile_hook
 from cute_aot.runtime.notices import warn_once
+from cute_aot.runtime.process_files import append_line, host, process_file
 
 __all__ = ["Recorder", "recording"]
 
 
-class Recorder:
-    """Appends records of distinct calls to one file."""
+def _is_prefix(location: str) -> bool:
+    return urls.is_url(location) or location.endswith(("/", os.sep)) or os.path.isdir(location)
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self._written: set[str] = set()  # key ids (or call sites of unreplayable calls) on file
+
+class Recorder:
+    """Writes records of distinct calls to a file, a folder or a URL prefix."""
+
+    def __init__(self, location: str | os.PathLike):
+        self.location = os.fspath(location)
+        self.shared = not _is_prefix(self.location)  # one file for every process
+        self.path = Path(self.location) if self.shared else None
+        self._written: set[str] = set()  # subjects written (by this process, or in the file)
         self._read_up_to = 0
 
     def add(self, call, why: str | None, queried: dict, compiled, site: str) -> None:
@@ -45,8 +60,8 @@ class Recorder:
             record, subject = self._record(call, why, queried, compiled, site)
             self._append(record, subject)
         except Exception as exc:  # a record lost is said once; the compile result stands
-            warn_once(("record", str(self.path), type(exc).__name__),
-                      f"cannot record a cute.compile call into {self.path}: {exc}")  # fmt: skip
+            warn_once(("record", self.location, type(exc).__name__),
+                      f"cannot record a cute.compile call into {self.location}: {exc}")  # fmt: skip
 
     def _record(self, call, why, queried, compiled, site):
         from cute_aot.runtime.device import current_gpu_arch
@@ -73,6 +88,13 @@ class Recorder:
         if subject in self._written:
             return
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        if not self.shared:
+            self._written.add(subject)
+            if urls.is_url(self.location):
+                process_file(self.location, "record", ".record.jsonl").add(line)
+            else:
+                append_line(Path(self.location) / f"{host()}-{os.getpid()}.record.jsonl", line)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{self.path}.lock"):
             self._read_others()
@@ -106,8 +128,15 @@ class Recorder:
 
 
 def _subject(record: dict) -> str:
-    """What makes a record distinct: its key id, or for an unreplayable call its site and why."""
-    return record.get("key_id") or f"site:{record.get('site')}:{record.get('reason')}"
+    """What makes a record distinct: its key id and the hardware answers its trace got (a call
+    answered otherwise is a conflict the build names), or for an unreplayable call its site and
+    why."""
+    if not record.get("key_id"):
+        return f"site:{record.get('site')}:{record.get('reason')}"
+    try:
+        return f"{record['key_id']}:{hardware_answers(RecordedCallKey.from_fields(record['key']))}"
+    except (KeyError, TypeError, ValueError):
+        return record["key_id"]
 
 
 def _signature_mismatch(call, compiled) -> str | None:
@@ -132,11 +161,13 @@ def recording(path: str | os.PathLike):
 
 
 def record_from_env() -> Recorder | None:
-    """CUTE_AOT_RECORD: record this whole process (called when cute_aot.runtime is imported)."""
-    path = settings.record_file()
-    if path is None:
+    """CUTE_AOT_RECORD: record this whole process (runtime/activation.py calls it)."""
+    location = settings.record_location()
+    if location is None:
         return None
     compile_hook.install_hook()
-    recorder = Recorder(path)
+    recorder = Recorder(location)
+    if urls.is_url(location):  # now, on this (main) thread: its SIGTERM handler can be set
+        process_file(location, "record", ".record.jsonl")
     compile_hook._recorders.append(recorder)
     return recorder

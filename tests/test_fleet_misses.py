@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from cute_aot.aot.cli import plan_from_misses
 from cute_aot.artifacts.miss_log import read_misses
 from cute_aot.kernels import family
-from cute_aot.runtime import misses
+from cute_aot.runtime import misses, process_files
 from cute_aot.runtime.aot_cache.cli import main as aot_cache
 
 from .conftest import PROBLEMS
@@ -179,7 +179,7 @@ def test_an_unreachable_store_costs_one_warning_and_no_exit_status(aws_env):
     env = {**os.environ, "CUTE_AOT_MISS_LOG": f"s3://{BUCKET}/misses/"}
     started = time.monotonic()
     (result,) = _serve({"gpu-c": [SHARED, "M=1,N=8,K=64"]}, env)
-    assert time.monotonic() - started < misses.EXIT_FLUSH_S + 10
+    assert time.monotonic() - started < process_files.EXIT_FLUSH_S + 10
     assert result["stdout"]["op_path_s"] < 0.5
     assert result["stderr"].count("cute-aot:") == 1, result["stderr"]
     assert "miss log s3://fleet/misses/gpu-c-" in result["stderr"]
@@ -188,7 +188,7 @@ def test_an_unreachable_store_costs_one_warning_and_no_exit_status(aws_env):
 def test_a_failed_write_is_retried_at_the_next_interval(fresh_runtime, monkeypatch, tmp_path):
     blocker = tmp_path / "not-yet"  # a file where the folder should be: every write fails
     blocker.write_text("")
-    monkeypatch.setattr(misses, "FLUSH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(process_files, "FLUSH_INTERVAL_S", 0.05)
     monkeypatch.setenv("CUTE_AOT_MISS_LOG", f"{blocker}/")
     monkeypatch.setenv("CUTE_AOT_HOST", "gpu d/../e")  # made safe for a file name
     key = ROUTER.dispatch(ROUTER.parse_problem(SHARED), "sm_90a").key

@@ -118,20 +118,18 @@ class RecordedCalls(KernelFamily):
 family = RecordedCalls()
 
 
-def read_records(path) -> list[dict]:
-    """The records of a record file, in order; a torn last line (a writer killed mid-append)
-    and lines of other formats are skipped."""
-    from pathlib import Path
+def read_records(source) -> list[tuple[str, dict]]:
+    """(file, record) of every record in a record file, a folder or a URL prefix (one file per
+    process: CUTE_AOT_RECORD), in file order; a torn last line (a writer killed mid-append) and
+    lines of other formats are skipped."""
+    from cute_aot.artifacts.miss_log import read_objects
 
-    records = []
-    with Path(path).open("rb") as handle:
-        for line in handle:
-            if not line.endswith(b"\n"):
-                break
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("format") == RECORD_FORMAT:
-                records.append(record)
-    return records
+    return [(where, record) for where, record in read_objects(source, "record")
+            if record.get("format") == RECORD_FORMAT and record.get("family") == FAMILY]  # fmt: skip
+
+
+def hardware_answers(key: RecordedCallKey) -> str:
+    """What a record's trace got from its GPU (the answers and the GPU that gave them), as one
+    string: two records of one call that differ here were made on GPUs that answer otherwise."""
+    replay = key.replay_data
+    return canonical({"device": replay.get("device"), "hardware": replay.get("hardware") or {}})

@@ -1,0 +1,171 @@
+"""Activation by the environment: what the installed startup hook runs in every Python process.
+
+The wheel carries `cute-aot-startup.pth` (setup.py puts it at the top of site-packages), which
+site runs at interpreter start. It imports this module only when one of the variables that need
+the `cute.compile` hook is set (settings.ACTIVATING, which it names: a test keeps the two equal),
+so any other process pays one environment lookup per name. `activate()` then does nothing if
+CUTE_AOT_DISABLE is set or CUTE_AOT_INTERCEPT is not a true value alone. When it is wanted, the hook is
+installed the moment `cutlass` is first imported (a finder on sys.meta_path runs it right after
+`cutlass/__init__` has executed), or at once where cutlass is already imported. So an unmodified
+program, and every process it starts (spawn, forkserver, subprocess, pytest-xdist workers: each
+runs site again; fork children inherit the hook), records or is served from its first compile.
+Neither cutlass nor torch is imported here.
+
+cute-aot's own tools (aot-build, aot-tune) run under `settings.tool_process()`, which sets
+CUTE_AOT_DISABLE=1: their compiles, and those of every process they start, are never recorded
+nor served (the cute.compile hook, if already installed, lets them through).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import sys
+import threading
+
+from cute_aot.artifacts import settings
+
+__all__ = ["activate", "state"]
+
+STARTUP_FILE = "cute-aot-startup.pth"
+_lock = threading.RLock()
+_installed = False  # the cute.compile hook and what the variables ask of it, in this process
+
+
+def state() -> tuple[bool, str]:
+    """(whether this environment activates the hook, why), for `aot-cache env`."""
+    wanted = settings.activating()
+    if settings.disabled():
+        return False, f"{settings.DISABLE.name}=1"
+    if not wanted:
+        return False, "no activation variable set (" + ", ".join(
+            s.name for s in settings.ACTIVATING) + ")"  # fmt: skip
+    return True, ", ".join(wanted) + " set"
+
+
+def startup_file() -> str | None:
+    """Where the startup hook is installed (a site directory's .pth), None if in none."""
+    import site
+
+    folders = [*site.getsitepackages(), site.getusersitepackages()]
+    for folder in folders:
+        candidate = os.path.join(folder, STARTUP_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def activate() -> None:
+    """Install the cute.compile hook now or when cutlass is imported, if the environment asks."""
+    active, _ = state()
+    if not active:
+        return
+    with _lock:
+        if _installed or any(isinstance(f, _AfterImport) for f in sys.meta_path):
+            return
+        if "cutlass" in sys.modules:
+            _install()
+            return
+        sys.meta_path.insert(0, _AfterImport("cutlass", _install))
+        # Asked at exit, not now: site may not have put cutlass-dsl on sys.path yet (its own
+        # .pth runs after this one).
+        atexit.register(_say_if_cutlass_missing)
+
+
+def _say_if_cutlass_missing() -> None:
+    if not _installed and state()[0] and importlib.util.find_spec("cutlass") is None:
+        _warn(f"{state()[1]}, but nvidia-cutlass-dsl is not installed in this environment: "
+              "no cute.compile call could be recorded or served")  # fmt: skip
+
+
+def _install() -> None:
+    """The hook and what each variable asks of it; a failure is one warning, never the caller's
+    import error (the program runs on as it would without cute-aot)."""
+    global _installed
+    with _lock:
+        if _installed or not state()[0]:
+            return
+        _installed = True
+        try:
+            from cute_aot.runtime import compile_hook
+
+            compile_hook.install_hook()
+            if settings.record_location():
+                from cute_aot.runtime.record import record_from_env
+
+                record_from_env()
+            if settings.intercept():
+                compile_hook.intercept()
+                if not _bundles_named():
+                    _warn(f"{settings.INTERCEPT.name}=1, but no bundle is named "
+                          f"({settings.BUNDLES.name} is unset) nor installed: every cute.compile "
+                          "call misses")  # fmt: skip
+            if settings.report_file():
+                from cute_aot.runtime import report
+
+                report.write_at_exit()
+        except Exception as exc:
+            _warn(f"the cute.compile hook could not be installed ({type(exc).__name__}: {exc}); "
+                  "kernels compile as without cute-aot")  # fmt: skip
+
+
+def _bundles_named() -> bool:
+    from cute_aot.runtime.sources import environment_sources
+
+    try:
+        return bool(environment_sources())
+    except Exception:
+        return True  # unknown: no warning
+
+
+def _warn(message: str) -> None:
+    from cute_aot.runtime.notices import warn_once
+
+    warn_once(("activation", message), message)
+
+
+class _AfterImport:
+    """A meta path finder that lets the other finders find `name`, then runs `callback` right
+    after the module has executed (once; a failed import runs nothing)."""
+
+    def __init__(self, name: str, callback):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        with _lock:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)  # once, and no recursion into this finder below
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _ThenCall(spec.loader, self.callback)
+        return spec
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+class _ThenCall:
+    """A loader that executes the module with the real loader, puts that loader back in the
+    module's attributes, then calls back."""
+
+    def __init__(self, loader, callback):
+        self._loader = loader
+        self._callback = callback
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._callback()

@@ -1,0 +1,166 @@
+"""One file per process under a folder or a URL prefix: how miss logs and records travel from
+many hosts to one place.
+
+A process's file is `<prefix>/<host>-<pid>-<UTC time of its first line><suffix>` (host:
+CUTE_AOT_HOST, else the host name): no two processes ever write one file (NFS appends
+interleave, object stores cannot append). `add()` only puts a line in memory; a daemon thread
+writes the process's whole file, replacing its last version, at most every FLUSH_INTERVAL_S,
+and once more when the process exits or is terminated (runtime/at_exit.py), waiting at most
+EXIT_FLUSH_S. A store that fails is one warning and a retry at the next interval: a line is
+late, never a slow or failed call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import threading
+import time
+from pathlib import Path
+
+from cute_aot.artifacts import settings, urls
+from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.miss_log import MAX_LOG_BYTES, rotated_path
+from cute_aot.runtime.at_exit import on_exit
+from cute_aot.runtime.notices import warn_once
+
+__all__ = ["ProcessFile", "host", "process_file"]
+
+FLUSH_INTERVAL_S = 10.0  # a prefix gets each process's file at most this often
+EXIT_FLUSH_S = 5.0  # the last write delays a process's exit at most this long (a dead store)
+
+
+def host() -> str:
+    """This process's host (CUTE_AOT_HOST, else the host name), safe in a file name."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", settings.host_name()).lstrip(".")[:64] or "unknown"
+
+
+class ProcessFile:
+    """This process's own file under a prefix, rewritten whole by a daemon thread."""
+
+    def __init__(self, prefix: str, what: str, suffix: str = ".jsonl"):
+        started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.target = f"{prefix.rstrip('/')}/{host()}-{os.getpid()}-{started}{suffix}"
+        self.what = what
+        self.subject = (what, prefix)
+        self.lines: list[bytes] = []
+        self.size = 0
+        self.stored = 0  # how many of `lines` the target holds
+        self.failures = 0
+        self.changed = threading.Condition()
+        self.wake = threading.Event()
+        threading.Thread(target=self._run, name=f"cute-aot-{what}", daemon=True).start()
+
+    def add(self, record: bytes) -> None:
+        with self.changed:
+            if self.size + len(record) > MAX_LOG_BYTES:  # memory stays bounded, like a log file
+                warn_once((self.what, "full", self.target), f"{self.target}: full, lines dropped")
+                return
+            self.lines.append(record)
+            self.size += len(record)
+
+    def _run(self) -> None:
+        while True:
+            self._write()
+            self.wake.wait(FLUSH_INTERVAL_S)
+            self.wake.clear()
+
+    def _write(self) -> None:
+        with self.changed:
+            count = len(self.lines)
+            data = b"".join(self.lines)
+        if count == self.stored:
+            return
+        try:
+            _replace(self.target, data)
+        except Exception as exc:  # a store's errors (botocore's...) are not all OSErrors
+            warn_once(
+                self.subject,
+                f"cannot write the {self.what} {self.target} ({exc}); "
+                f"retrying every {FLUSH_INTERVAL_S:g} s",
+            )
+            with self.changed:
+                self.failures += 1
+                self.changed.notify_all()
+            return
+        with self.changed:
+            self.stored = count
+            self.changed.notify_all()
+
+    def close(self) -> None:
+        """At exit: one last write, waited for at most EXIT_FLUSH_S."""
+        with self.changed:
+            failures = self.failures
+            self.wake.set()
+            done = self.changed.wait_for(
+                lambda: self.stored == len(self.lines) or self.failures > failures, EXIT_FLUSH_S
+            )
+        if not done:
+            why = f"not written within {EXIT_FLUSH_S:g} s"
+            warn_once(
+                self.subject, f"gave up writing the {self.what} {self.target} at exit ({why})"
+            )
+
+
+def _replace(target: str, data: bytes) -> None:
+    local = urls.local_path(target)
+    if local is None:
+        fs, path = urls.filesystem(target)
+        fs.pipe_file(path, data)  # one PUT: readers see the previous version or this one
+        return
+    local.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(local, data)  # a temporary name the reader skips, then a rename
+
+
+def append_line(path: Path, record: bytes) -> None:
+    """Append one line to a local log file: on disk when this returns. Past MAX_LOG_BYTES the
+    file is rotated to `<file>.1` (one generation kept; readers read both); it is opened without
+    following links and never blocks on a FIFO; a line that a full disk cut short is closed with
+    a newline before the next one, so that only the torn line is lost."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o644)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > MAX_LOG_BYTES:
+            os.replace(path, rotated_path(path))  # this descriptor now writes to the rotated one
+            os.close(fd)
+            fd = os.open(path, flags, 0o644)
+            info = os.fstat(fd)
+        if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
+            record = b"\n" + record  # the last record was cut short (a full disk): close it
+        # One write() of one line with O_APPEND: lines from concurrent processes never interleave.
+        written = os.write(fd, record)
+        if written != len(record):
+            raise OSError(errno.ENOSPC, f"record cut short ({written} of {len(record)} bytes)")
+    finally:
+        os.close(fd)
+
+
+_lock = threading.Lock()
+_files: dict[tuple[str, str], ProcessFile] = {}  # (prefix, what) -> this process's file there
+
+
+def process_file(prefix: str, what: str, suffix: str = ".jsonl") -> ProcessFile:
+    """This process's file for `what` (a miss log, a record) under `prefix`. RuntimeError when
+    no thread can be started (a line added while the process exits)."""
+    with _lock:
+        found = _files.get((prefix, what))
+        if found is None:
+            found = _files[prefix, what] = ProcessFile(prefix, what, suffix)
+            on_exit(found.close)
+        return found
+
+
+def _after_fork() -> None:
+    # A child is another process: its own files (its pid), and no lock a parent thread held.
+    global _lock
+    _lock = threading.Lock()
+    _files.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)

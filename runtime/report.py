@@ -1,0 +1,96 @@
+"""CUTE_AOT_REPORT: what every process's `cute.compile` calls cost, written when it ends.
+
+At exit (or SIGTERM), each process whose hook was active adds its counts to the report file, a
+JSON object: the totals of compiles (real `cute.compile` executions made through the hook),
+hits (calls served from a bundle) and misses (served processes that found no kernel), per
+target (`module:function` compiled) and per family (runtime/policy.py's counters), and each
+process's own under `processes`. Processes merge into the file under a lock, each replacing
+it whole (a reader sees the previous version or the next), so a server and all its workers
+give one report: `compiles: 0` says the whole program was served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from filelock import FileLock
+
+from cute_aot.artifacts import settings
+from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.runtime.at_exit import on_exit
+from cute_aot.runtime.notices import warn_once
+
+__all__ = ["summary", "write_at_exit", "write_report"]
+
+REPORT_FORMAT = 1
+TOTALS = ("compiles", "hits", "misses")
+
+
+def summary() -> dict:
+    """This process's counts."""
+    from cute_aot.runtime import compile_hook, policy
+    from cute_aot.runtime.mode import current_mode
+
+    targets = compile_hook.per_target()
+    return {
+        "pid": os.getpid(),
+        "host": settings.host_name(),
+        "argv": sys.argv[:8],
+        "mode": current_mode().value,
+        **{total: sum(counts[total] for counts in targets.values()) for total in TOTALS},
+        "targets": targets,
+        "families": policy.counters(),
+    }
+
+
+def write_report(path: Path) -> None:
+    """Merge this process's summary into the report at `path`."""
+    mine = summary()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        try:
+            report = json.loads(path.read_text())
+            processes = report["processes"] if isinstance(report, dict) else {}
+        except (OSError, ValueError, KeyError):
+            processes = {}
+        processes[f"{mine['host']}-{mine['pid']}"] = mine
+        atomic_write(
+            path, (json.dumps(_merged(processes), indent=1, sort_keys=True) + "\n").encode()
+        )
+
+
+def _merged(processes: dict) -> dict:
+    targets: dict[str, dict[str, int]] = {}
+    families: dict[str, dict[str, int]] = {}
+    for process in processes.values():
+        for into, counted in ((targets, process.get("targets", {})),
+                              (families, process.get("families", {}))):  # fmt: skip
+            for name, counts in counted.items():
+                total = into.setdefault(name, {})
+                for outcome, number in counts.items():
+                    total[outcome] = total.get(outcome, 0) + number
+    return {
+        "format": REPORT_FORMAT,
+        **{total: sum(p.get(total, 0) for p in processes.values()) for total in TOTALS},
+        "targets": targets,
+        "families": families,
+        "processes": processes,
+    }
+
+
+def write_at_exit() -> None:
+    """Write this process's summary when it exits or is terminated (CUTE_AOT_REPORT)."""
+    path = settings.report_file()
+    if path is None:
+        return
+
+    def write() -> None:
+        try:
+            write_report(path)
+        except Exception as exc:
+            warn_once(("report", str(path)), f"cannot write the report {path} ({exc})")
+
+    on_exit(write)
