@@ -18,9 +18,12 @@ from a seed per call:
             cute_aot.runtime.flashinfer.install()); what it does not serve FlashInfer compiles
 
 Readiness is what the first pass costs beyond the second (compiling or loading every kernel),
-per distinct kernel; `compiles` counts real `cute.compile` executions in the process (the hook
-is on the only path into the compiler); `digests` are sha256 of every output and updated state,
-for the bitwise comparison (`compare`).
+per distinct kernel; `compile_calls` counts `cute.compile` calls (one per kernel: FlashInfer keeps
+what it compiled) and times each from entry to return (a compile, or in phase aot the served
+lookup). The program imports nothing of cute-aot (but phase family): the environment alone
+activates it, and real compiles are counted by `CUTE_AOT_REPORT=<out>.report.json`, which
+`compare` reads beside each phase's file. `digests` are sha256 of every output and updated
+state, for the bitwise comparison (`compare`).
 
     python benchmarks/recorded_flashinfer.py run --phase jit --out results/jit.json
     python benchmarks/recorded_flashinfer.py compare results/jit.json results/aot.json
@@ -286,25 +289,23 @@ def run(phase, out_path, keep_disk_cache, sweep_name):
     import torch
 
     torch.zeros(1, device="cuda")
-    import cute_aot.runtime  # noqa: F401  (CUTE_AOT_RECORD / CUTE_AOT_INTERCEPT take effect here)
-    from cute_aot.runtime import compile_hook
-
-    if phase != "bare":  # bare: cute.compile as cutlass-dsl defines it (what the hook costs)
-        compile_hook.install_hook()  # counts every real compile: compile_hook.executed()
     import flashinfer  # noqa: F401
+    from cutlass.base_dsl.compiler import CompileCallable
 
-    served_seconds = [0.0]  # time inside the hook's lookups (the rest of readiness is not ours)
-    if phase == "aot":
-        lookup = compile_hook._served
+    # Every cute.compile call, timed from its entry to its return (the startup hook, if the
+    # environment asks, is already installed beneath: a served call is a lookup, else a compile).
+    hooked = CompileCallable._compile
+    compile_calls = {"calls": 0, "seconds": 0.0}
 
-        def timed_lookup(*args):
-            t0 = time.perf_counter()
-            try:
-                return lookup(*args)
-            finally:
-                served_seconds[0] += time.perf_counter() - t0
+    def timed_compile(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return hooked(self, *args, **kwargs)
+        finally:
+            compile_calls["calls"] += 1
+            compile_calls["seconds"] += time.perf_counter() - t0
 
-        compile_hook._served = timed_lookup
+    CompileCallable._compile = timed_compile
     installed = None
     if phase == "family":
         from cute_aot.runtime import flashinfer as served
@@ -317,7 +318,7 @@ def run(phase, out_path, keep_disk_cache, sweep_name):
     for _ in range(2):
         rows = []
         for index, (name, params, call) in enumerate(calls):
-            before, t0 = compile_hook.executed(), time.perf_counter()
+            before, t0 = compile_calls["calls"], time.perf_counter()
             try:
                 outputs = call(1000 + index)
                 torch.cuda.synchronize()
@@ -326,7 +327,7 @@ def run(phase, out_path, keep_disk_cache, sweep_name):
                 torch.cuda.synchronize()
                 row = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             row.update(name=name, params=params, seconds=time.perf_counter() - t0,
-                       compiles=compile_hook.executed() - before)  # fmt: skip
+                       compile_calls=compile_calls["calls"] - before)  # fmt: skip
             rows.append(row)
         passes.append(rows)
     first, second = passes
@@ -341,8 +342,6 @@ def run(phase, out_path, keep_disk_cache, sweep_name):
                 invoke(args)
             torch.cuda.synchronize()
             second[index]["steady_us"] = 1e6 * (time.perf_counter() - t0) / STEADY_CALLS
-    from cute_aot.runtime import counters
-
     report = {
         "phase": phase,
         "sweep": sweep_name,
@@ -350,11 +349,10 @@ def run(phase, out_path, keep_disk_cache, sweep_name):
         "import_seconds": imported,
         "calls": len(calls),
         "failed": [r for r in second if not r["ok"]],
-        "compiles": compile_hook.executed() if phase != "bare" else None,
+        "compile_calls": compile_calls["calls"],  # one per kernel: compiled, or looked up
+        "compile_call_seconds": compile_calls["seconds"],
         "first_pass_seconds": sum(r["seconds"] for r in first),
         "second_pass_seconds": sum(r["seconds"] for r in second),
-        "counters": counters(),
-        "served_lookup_seconds": served_seconds[0],
         "installed": installed,
         "env": {
             k: v
@@ -367,9 +365,10 @@ def run(phase, out_path, keep_disk_cache, sweep_name):
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=1))
     print(
-        f"{phase}: {len(calls)} calls, {len(report['failed'])} failed, {compile_hook.executed()} cute.compile "
-        f"executions, first pass {report['first_pass_seconds']:.2f} s, second "
-        f"{report['second_pass_seconds']:.3f} s, import {imported:.1f} s; counters {counters()}"
+        f"{phase}: {len(calls)} calls, {len(report['failed'])} failed, {compile_calls['calls']} "
+        f"cute.compile calls ({1e3 * compile_calls['seconds'] / max(compile_calls['calls'], 1):.3f}"
+        f" ms each), first pass {report['first_pass_seconds']:.2f} s, second "
+        f"{report['second_pass_seconds']:.3f} s, import {imported:.1f} s"
     )
 
 
@@ -393,7 +392,7 @@ def steady_ratio(base: dict, other: dict) -> dict:
 def compare(baseline, others, out_path):
     """Bitwise outputs and readiness of each phase against the baseline (JIT) phase."""
     base = json.loads(baseline.read_text())
-    kernels = base["compiles"]
+    kernels = base["compile_calls"]
     summary = {"baseline": base["phase"], "kernels": kernels,
                "baseline_readiness_ms_per_kernel": 1e3 * base["readiness_seconds"] / max(kernels, 1),
                "phases": {}}  # fmt: skip
@@ -404,14 +403,18 @@ def compare(baseline, others, out_path):
             for a, b in zip(base["passes"][1], other["passes"][1], strict=True)
             if a["ok"]
         ]
+        report = path.with_suffix(".report.json")
+        compiles = json.loads(report.read_text())["compiles"] if report.exists() else None
         row = {"bitwise_equal_calls": sum(same), "compared_calls": len(same),
-               "compiles": other["compiles"], "failed": len(other["failed"]),
+               "compiles": compiles, "failed": len(other["failed"]),
+               "compile_call_ms": 1e3 * other["compile_call_seconds"] / max(other["compile_calls"], 1),
                "readiness_ms_per_kernel": 1e3 * other["readiness_seconds"] / max(kernels, 1),
                "readiness_speedup": base["readiness_seconds"] / max(other["readiness_seconds"], 1e-9),
                **steady_ratio(base, other)}  # fmt: skip
         summary["phases"][other["phase"]] = row
         print(f"{other['phase']}: {row['bitwise_equal_calls']}/{row['compared_calls']} bitwise equal to "
-              f"{base['phase']}, {row['compiles']} cute.compile executions, readiness "
+              f"{base['phase']}, {row['compiles']} compiles (report), {row['compile_call_ms']:.3f} ms per "
+              f"cute.compile call, readiness "
               f"{row['readiness_ms_per_kernel']:.1f} ms/kernel vs {summary['baseline_readiness_ms_per_kernel']:.1f}"
               f" ({row['readiness_speedup']:.0f}x)"
               + (f"; per call {row['steady_us_ratio']:.3f}x" if "steady_us_ratio" in row else ""))  # fmt: skip
@@ -434,8 +437,8 @@ def versus(generic, family, jit, out_path):
     jit_first = reports["jit"]["passes"][0]
     fam_first = reports["family"]["passes"][0]
     gdn = [i for i, row in enumerate(jit_first) if row["name"].startswith("gdn")]
-    introducing = [i for i in gdn if jit_first[i]["compiles"] > 0]
-    served = [i for i in introducing if fam_first[i]["ok"] and fam_first[i]["compiles"] == 0]
+    introducing = [i for i in gdn if jit_first[i]["compile_calls"] > 0]
+    served = [i for i in introducing if fam_first[i]["ok"] and fam_first[i]["compile_calls"] == 0]
     summary = {"gdn_calls": len(gdn), "gdn_kernels": len(introducing),
                "kernels_the_family_serves": len(served),
                "served": [f"{jit_first[i]['name']} {jit_first[i]['params']}" for i in served],

@@ -25,6 +25,8 @@ import threading
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
 from cute_aot.kernels.recorded import FAMILY
+from cute_aot.runtime import policy
+from cute_aot.runtime.epoch import Resolutions
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
@@ -37,6 +39,8 @@ _executed = 0  # real compiles that went through the hook (served calls are not 
 _local = threading.local()  # compiles in progress on this thread (a probe inside a compile)
 _targets: dict[str, dict[str, int]] = {}  # target -> {compiles, hits, misses} in this process
 OUTCOMES = ("compiles", "hits", "misses")
+# (call identity, arch) -> what a hit returns; empty again when bundles load or the mode changes
+_hits = Resolutions()
 
 
 def executed() -> int:
@@ -196,7 +200,12 @@ def _served(serving, call, why):
             raise KernelNotFoundError(FAMILY, "-", _arch(call), [], detail=f"{why}; mode aot")
         warn_once(("not-servable", why), f"cute.compile call not served: {why}; compiling it")
         return None
-    key, arch = call.key(), _arch(call)
+    arch = _arch(call)
+    known = _hits.get((call.identity_json, arch))
+    if known is not _hits.MISSING:  # a hit resolved before, in this epoch: nothing to redo
+        policy.count(FAMILY, policy.HIT)
+        return known
+    epoch, key = _hits.now(), call.key()
     function = serving.function(key, arch, {"target": call.target, "site": _call_site()})
     if function is None:
         return None
@@ -206,9 +215,11 @@ def _served(serving, call, why):
             raise KernelNotFoundError(FAMILY, key.id, arch, [], detail=f"{unfit}; mode aot")
         warn_once(("hardware", key.id), f"recorded kernel {key.id} not served: {unfit}")
         return None
-    if not call.tvm_ffi:
-        return function  # the DSL's JitCompiledFunction, as cute.compile returns it
-    return _callable_as_compiled(function, call.signature)
+    if call.tvm_ffi:
+        function = _callable_as_compiled(function, call.signature)
+    # else the DSL's JitCompiledFunction, as cute.compile returns it
+    _hits.put((call.identity_json, arch), function, epoch)
+    return function
 
 
 def _arch(call) -> str:

@@ -57,7 +57,12 @@ class Call:
         replay = {"examples": self.examples, "hardware": hardware or {}}
         if device is not None:
             replay["device"] = device
-        return RecordedCallKey(call=canonical(self.identity), replay=canonical(replay))
+        return RecordedCallKey(call=self.identity_json, replay=canonical(replay))
+
+    @functools.cached_property
+    def identity_json(self) -> str:
+        """The identity's canonical JSON: what tells one compiled kernel from another."""
+        return canonical(self.identity)
 
     @property
     def tvm_ffi(self) -> bool:
@@ -92,7 +97,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     target, args = resolve_target(func, args)
     name = _qualified(target)
     try:
-        bound = inspect.signature(target, eval_str=True).bind(*args, **kwargs)
+        bound = _signature(target).bind(*args, **kwargs)
     except (TypeError, ValueError, NameError) as exc:
         raise NotRecreatable(f"{name}: arguments do not bind to its signature ({exc})") from exc
     for parameter in bound.signature.parameters.values():
@@ -123,8 +128,19 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         "env": {k: os.environ[k] for k in CODEGEN_ENV if os.environ.get(k)},
     }
     arch = compile_options.get("GPUArch") or None
-    signature = _wrapper_spec(bound.signature, bound)
+    env_streams = tuple(
+        name for name, parameter in bound.signature.parameters.items()
+        if _is_env_stream(bound.arguments.get(name, parameter.default))
+    )  # fmt: skip
+    signature = _wrapper_spec(target, env_streams)
     return Call(identity, examples, signature, arch)
+
+
+# What depends only on the function compiled, or only on the options, is worked out once per
+# process: a server's hit costs the description of its arguments, not a re-parse of its code.
+@functools.cache
+def _signature(target) -> inspect.Signature:
+    return inspect.signature(target, eval_str=True)
 
 
 def _qualified(obj) -> str:
@@ -139,6 +155,7 @@ def _qualified(obj) -> str:
     return f"{module}:{qualname}"
 
 
+@functools.cache
 def _source_file(obj) -> str | None:
     try:
         return inspect.getsourcefile(obj)
@@ -147,19 +164,16 @@ def _source_file(obj) -> str | None:
 
 
 @functools.cache
-def _hash_file(path: str, mtime_ns: int, size: int) -> str:
-    """A source file's sha256, once per version of the file (its mtime and size)."""
-    return sha256_file(path)[0]
-
-
 def _hash_files(paths: tuple[str, ...]) -> str:
+    """The sources' hash, once per process: the code a process runs is what it imported, even
+    if the files change on disk meanwhile."""
     digest = hashlib.sha256()
     for path in paths:
-        info = os.stat(path)
-        digest.update(_hash_file(path, info.st_mtime_ns, info.st_size).encode())
+        digest.update(sha256_file(path)[0].encode())
     return digest.hexdigest()
 
 
+@functools.cache
 def _constexpr_annotation(index: int, parameter: inspect.Parameter) -> bool:
     """`self` at 0, or a Constexpr annotation (jit_arg_adapters.is_arg_annotation_constexpr):
     what leaves a parameter out of the compiled function's signature."""
@@ -187,7 +201,28 @@ def _is_constexpr(index: int, parameter: inspect.Parameter, value) -> bool:
 
 
 def _effective_options(compile_callable, options) -> dict:
-    """{option class name: value} of what the compile uses, defaults left out."""
+    """{option class name: value} of what the compile uses, defaults left out: once per set of
+    option values (`cute.compile[...]` makes a new CompileCallable at every call site run)."""
+    chosen = compile_callable._compile_options.options
+    try:
+        values = tuple((cls, option.value) for cls, option in chosen.items())
+        return _options_of(values, options if isinstance(options, str) else None, compile_callable)
+    except TypeError:  # an unhashable option value: worked out afresh
+        return _work_out_options(compile_callable, options)
+
+
+_options_cache: dict = {}
+
+
+def _options_of(values: tuple, options: str | None, compile_callable) -> dict:
+    key = (values, options)
+    found = _options_cache.get(key)
+    if found is None:
+        found = _options_cache[key] = _work_out_options(compile_callable, options)
+    return dict(found)
+
+
+def _work_out_options(compile_callable, options) -> dict:
     from cutlass.base_dsl import compiler
 
     if isinstance(options, str) and options:
@@ -205,17 +240,16 @@ def _effective_options(compile_callable, options) -> dict:
     return found
 
 
-def _wrapper_spec(signature: inspect.Signature, bound) -> dict:
+@functools.cache
+def _wrapper_spec(target, env_streams: tuple) -> dict:
     """What the compiled function takes when called, as the DSL's get_kwargs_wrapper_spec
     says it: the parameters not annotated as constants and not the environment's stream,
     positional then keyword-only, with their defaults."""
-    names, defaults, kwonly, kwonly_defaults, env_streams = [], [], [], {}, []
-    for index, (name, parameter) in enumerate(signature.parameters.items()):
-        value = bound.arguments.get(name, parameter.default)
+    names, defaults, kwonly, kwonly_defaults = [], [], [], {}
+    for index, (name, parameter) in enumerate(_signature(target).parameters.items()):
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
-        if _is_env_stream(value):
-            env_streams.append(name)
+        if name in env_streams:
             continue
         if _constexpr_annotation(index, parameter):
             continue
@@ -231,7 +265,7 @@ def _wrapper_spec(signature: inspect.Signature, bound) -> dict:
                 *kwonly_defaults.values()])  # fmt: skip
     return {"arg_names": names, "arg_defaults": defaults if plain else None,
             "kwonly_names": kwonly, "kwonly_defaults": kwonly_defaults if plain else None,
-            "env_streams": env_streams}  # fmt: skip
+            "env_streams": list(env_streams)}  # fmt: skip
 
 
 def _is_env_stream(value) -> bool:
