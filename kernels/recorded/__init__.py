@@ -29,9 +29,12 @@ FAMILY_VERSION = 1
 RECORD_FORMAT = 1
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # made once: it is per call
+
+
 def canonical(value) -> str:
     """The one JSON spelling of record data: sorted keys, no spaces."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(value)
 
 
 def asks_tvm_ffi(identity: dict) -> bool:

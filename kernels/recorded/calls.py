@@ -95,7 +95,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     }
     options = kwargs.pop("options", None)
     target, args = resolve_target(func, args)
-    name = _qualified(target)
+    name = _qualified_once(target)
     try:
         bound = _signature(target).bind(*args, **kwargs)
     except (TypeError, ValueError, NameError) as exc:
@@ -143,6 +143,11 @@ def _signature(target) -> inspect.Signature:
     return inspect.signature(target, eval_str=True)
 
 
+@functools.cache
+def _qualified_once(target) -> str:
+    return _qualified(target)
+
+
 def _qualified(obj) -> str:
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if not module or not qualname:
@@ -173,10 +178,19 @@ def _hash_files(paths: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-@functools.cache
+_annotations: dict[tuple[int, int], bool] = {}  # (index, id of a cached signature's parameter)
+
+
 def _constexpr_annotation(index: int, parameter: inspect.Parameter) -> bool:
     """`self` at 0, or a Constexpr annotation (jit_arg_adapters.is_arg_annotation_constexpr):
     what leaves a parameter out of the compiled function's signature."""
+    found = _annotations.get((index, id(parameter)))
+    if found is None:
+        found = _annotations[index, id(parameter)] = _annotated_constexpr(index, parameter)
+    return found
+
+
+def _annotated_constexpr(index: int, parameter: inspect.Parameter) -> bool:
     from cutlass import Constexpr
 
     annotation = parameter.annotation
@@ -203,6 +217,9 @@ def _is_constexpr(index: int, parameter: inspect.Parameter, value) -> bool:
 def _effective_options(compile_callable, options) -> dict:
     """{option class name: value} of what the compile uses, defaults left out: once per set of
     option values (`cute.compile[...]` makes a new CompileCallable at every call site run)."""
+    last = _last_options
+    if last[0] is compile_callable and last[1] == options:  # `cute.compile` itself, mostly
+        return dict(last[2])
     chosen = compile_callable._compile_options.options
     try:
         values = tuple((cls, option.value) for cls, option in chosen.items())
@@ -212,13 +229,16 @@ def _effective_options(compile_callable, options) -> dict:
 
 
 _options_cache: dict = {}
+_last_options: tuple = (None, None, {})  # (the CompileCallable, options, what they were)
 
 
 def _options_of(values: tuple, options: str | None, compile_callable) -> dict:
+    global _last_options
     key = (values, options)
     found = _options_cache.get(key)
     if found is None:
         found = _options_cache[key] = _work_out_options(compile_callable, options)
+    _last_options = (compile_callable, options, found)
     return dict(found)
 
 
@@ -272,6 +292,15 @@ def _is_env_stream(value) -> bool:
     return bool(getattr(value, "use_tvm_ffi_env_stream", False))
 
 
+@functools.cache
+def _dsl():
+    """(cutlass, cutlass.cute.runtime), imported once: describing runs on every served call."""
+    import cutlass
+    from cutlass.cute import runtime as cute_runtime
+
+    return cutlass, cute_runtime
+
+
 class _Describer:
     """Describes arguments (identity, example) with one numbering of symbolic sizes per call:
     the same SymInt object in two arguments is one variable of the compiled function."""
@@ -280,8 +309,7 @@ class _Describer:
         self.symbols: dict[int, int] = {}
 
     def argument(self, value, constant: bool, where: str):
-        import cutlass
-        from cutlass.cute import runtime as cute_runtime
+        cutlass, cute_runtime = _dsl()
 
         if isinstance(value, cute_runtime._Tensor):
             return self._dlpack_tensor(value)

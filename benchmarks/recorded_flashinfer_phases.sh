@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The FlashInfer sweep (recorded_flashinfer.py) as a plain program: cute-aot is activated by the
+# environment alone (the startup hook), in the three steps an unmodified server takes:
+#   record  FlashInfer JIT-compiles as usual; CUTE_AOT_RECORD=<out>/records/ (one file per process)
+#   build   aot-build --from-record on this host's CPUs, the GPU hidden (a GPU-less build)
+#   aot     CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot: every kernel served from the bundle
+# and the baselines for readiness: FlashInfer's JIT (disk cache off) and its warm disk cache.
+# Each phase writes <out>/<phase>.json and, through CUTE_AOT_REPORT, <out>/<phase>.report.json.
+#
+#   benchmarks/recorded_flashinfer_phases.sh OUT record build aot compare-record jit disk compare
+set -euo pipefail
+out=$1; shift
+mkdir -p "$out"
+bench=(python3 benchmarks/recorded_flashinfer.py)
+for phase in "$@"; do
+  echo "== $phase $(date -u +%T)"
+  case "$phase" in
+    record) CUTE_AOT_RECORD="$out/records/" CUTE_AOT_REPORT="$out/record.report.json" \
+              "${bench[@]}" run --phase record --out "$out/record.json" ;;
+    build) time CUDA_VISIBLE_DEVICES= python3 -m cute_aot.aot.cli --from-record "$out/records/" \
+              --arch sm90a --out "$out/bundles" --name recorded --no-cache --quiet ;;
+    aot) CUTE_AOT_BUNDLES="$out/bundles" CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot \
+           CUTE_AOT_REPORT="$out/aot.report.json" "${bench[@]}" run --phase aot --out "$out/aot.json" ;;
+    jit) CUTE_AOT_REPORT="$out/jit.report.json" "${bench[@]}" run --phase jit --out "$out/jit.json" ;;
+    disk) "${bench[@]}" run --phase jit --keep-disk-cache --out "$out/jit_disk_fill.json"
+          CUTE_AOT_REPORT="$out/disk.report.json" "${bench[@]}" run --phase disk --out "$out/disk.json" ;;
+    compare-record) "${bench[@]}" compare "$out/record.json" "$out/aot.json" \
+                      --out "$out/compare_record.json" ;;
+    compare) "${bench[@]}" compare "$out/jit.json" "$out/aot.json" "$out/disk.json" \
+               --out "$out/compare.json" ;;
+    *) echo "unknown phase $phase" >&2; exit 2 ;;
+  esac
+done
