@@ -126,24 +126,33 @@ def _warn(message: str) -> None:
 
 
 class _AfterImport:
-    """A meta path finder that lets the other finders find `name`, then runs `callback` right
-    after the module has executed (once; a failed import runs nothing)."""
+    """A meta path finder that lets the other finders find `name`, then has `callback` run
+    right after the module has executed. It stays in place until then: a library probing
+    with importlib.util.find_spec("cutlass") finds a spec it never loads."""
 
     def __init__(self, name: str, callback):
         self.name = name
         self.callback = callback
+        self._finding = threading.local()
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
+        if fullname != self.name or getattr(self._finding, "now", False):
             return None
-        with _lock:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)  # once, and no recursion into this finder below
-        spec = importlib.util.find_spec(fullname)
+        self._finding.now = True  # the other finders are asked below, not this one again
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding.now = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _ThenCall(spec.loader, self.callback)
+        spec.loader = _ThenCall(spec.loader, self._loaded)
         return spec
+
+    def _loaded(self) -> None:
+        with _lock:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+        self.callback()
 
     def invalidate_caches(self) -> None:
         pass
