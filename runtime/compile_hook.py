@@ -132,7 +132,7 @@ def _compile(self, func, *args, **kwargs):
     serving, recorders = installed(FAMILY), list(_recorders)
     nested = getattr(_local, "depth", 0) > 0
     if nested or (serving is None and not recorders) or hardware.is_probe(func):
-        return _run_original(self, func, args, kwargs)
+        return _run_original(self, func, args, kwargs, _target_name(func))
     call, why = _describe(self, func, args, kwargs)
     target = call.target if call is not None else _target_name(func)
     if serving is not None:

@@ -809,6 +809,14 @@ def env_command(as_json):
         else "unavailable: auto falls back to torch"
     )
     table.add_row("mode", "JIT fallback", jit)
+    hook = report["startup_hook"]
+    table.add_row(
+        "hook",
+        "startup hook",
+        hook["installed_at"] or "not in a site directory (see the README: Activation)",
+    )
+    state = "active" if hook["active"] else "inactive"
+    table.add_row("hook", "cute.compile hook", f"{state} in processes started here: {hook['why']}")
     make_console().print(table)
 
 

@@ -366,7 +366,16 @@ def environment() -> dict:
         "mode_source": MODE_ENV if os.environ.get(MODE_ENV) else "default",
         "jit_available": jit_available(),
         "overlay_fingerprints": gc.current_fingerprints(),
+        "startup_hook": _startup_hook(),
     }
+
+
+def _startup_hook() -> dict:
+    """Whether processes started in this environment get the cute.compile hook, and why."""
+    from cute_aot.runtime import activation
+
+    active, why = activation.state()
+    return {"installed_at": activation.startup_file(), "active": active, "why": why}
 
 
 def entry_fatbin(path: Path, manifest: Manifest, library: bytes, entry: Entry) -> bytes:
