@@ -1,0 +1,123 @@
+"""Records from a fleet: CUTE_AOT_RECORD as a file, a folder or a URL prefix (one file per
+process), read back by `aot-build --from-record` each distinct call once, with a call recorded on
+GPUs that answered its hardware queries differently named as a conflict. Real components: moto's
+S3 server on loopback (tests/test_fleet_misses.py's fixtures), real processes and signals.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.test_fleet_misses import BUCKET, aws_env, s3_endpoint  # noqa: F401  (fixtures)
+
+pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
+
+REPO = Path(__file__).resolve().parents[1]
+H200 = {"name": "NVIDIA H200", "sm_count": 132}
+H100_PCIE = {"name": "NVIDIA H100 PCIe", "sm_count": 114}
+SM_COUNT = "HardwareInfo.get_device_multiprocessor_count()"
+
+
+def _record(block: int, device: dict | None = None, site: str = "server.py:1") -> dict:
+    from tests.test_recorded_calls import _call
+
+    call = _call(block)
+    key = call.key({SM_COUNT: device["sm_count"]}, device) if device else call.key()
+    return {"format": 1, "family": "cute_compile", "recreatable": True, "arch": "sm_90a",
+            "site": site, "target": call.target, "key_id": key.id, "key": key.fields(),
+            "tvm_ffi": True}  # fmt: skip
+
+
+def _plan(source):
+    from cute_aot.aot.cli import plan_from_record
+
+    return plan_from_record(source, (), Console(file=open(os.devnull, "w"), width=200))
+
+
+def test_a_call_recorded_on_gpus_that_answer_differently_is_a_named_conflict(tmp_path):
+    folder = tmp_path / "records"
+    folder.mkdir()
+    plain = _record(256)
+    (folder / "h200-1.record.jsonl").write_text(
+        json.dumps(_record(64, H200)) + "\n" + json.dumps(plain) + "\n"
+    )
+    (folder / "h100-2.record.jsonl").write_text(
+        json.dumps(_record(64, H100_PCIE, "other.py:9")) + "\n" + json.dumps(plain) + "\n"
+    )
+    plan, left_out = _plan(f"{folder}/")
+    assert [key.id for key in plan["sm_90a"]] == [plain["key_id"]]  # each distinct call once
+    (row,) = left_out
+    assert row[0] == "server.py:1"  # files are read in name order: h100-2 first, then h200-1
+    assert "different hardware answers" in row[3]
+    assert "NVIDIA H200" in row[3] and "NVIDIA H100 PCIe" in row[3]
+    assert "h200-1.record.jsonl" in row[3] and "h100-2.record.jsonl" in row[3]
+
+
+def test_one_shared_file_keeps_both_answers_for_the_build_to_name(tmp_path):
+    from cute_aot.runtime.record import Recorder, _subject
+
+    shared = tmp_path / "calls.jsonl"
+    for device in (H200, H100_PCIE, H200, None):  # recorders of processes on two GPUs, one file
+        record = _record(64 if device else 256, device)
+        Recorder(shared)._append(record, _subject(record))
+    lines = [json.loads(line) for line in shared.read_text().splitlines()]
+    assert len(lines) == 3 and len({line["key_id"] for line in lines}) == 2
+    assert _plan(shared)[1][0][3].startswith("recorded with different hardware answers")
+
+
+_WORKER = """
+import sys, time
+from cute_aot.runtime import compile_hook, record
+from tests.test_recorded_calls import _call
+recorder = record.record_from_env()
+recorder.add(_call(int(sys.argv[1])), None, {}, None, "worker.py:3")
+print("recorded", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_url_prefix_gets_each_process_file_even_when_it_is_terminated(
+    tmp_path, aws_env, s3_endpoint  # noqa: F811
+):
+    """One file per process under the prefix, written in the background: a worker that a pool
+    ends with SIGTERM still writes what it holds; the build reads the whole prefix."""
+    aws_env.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    prefix = f"s3://{BUCKET}/records-{time.monotonic_ns()}/"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUTE_AOT_RECORD": prefix,
+           "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, str(block)], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, text=True) for block in (64, 128)]  # fmt: skip
+    for worker in workers:
+        assert worker.stdout.readline().strip() == "recorded"
+        worker.send_signal(signal.SIGTERM)
+    assert [worker.wait(timeout=60) for worker in workers] == [-signal.SIGTERM] * 2
+
+    from cute_aot.artifacts import urls
+    from cute_aot.kernels.recorded import read_records
+
+    fs, root = urls.filesystem(prefix)
+    names = sorted(path.rsplit("/", 1)[-1] for path in fs.find(root))
+    assert len(names) == 2 and all(name.endswith(".record.jsonl") for name in names), names
+    assert {str(w.pid) for w in workers} == {name.split("-")[-2] for name in names}
+    found = read_records(prefix)
+    assert len(found) == 2 and all(where.startswith(f"s3://{BUCKET}/") for where, _ in found)
+    assert len(_plan(prefix)[0]["sm_90a"]) == 2
+
+
+def test_an_unreachable_store_never_slows_a_record(tmp_path, aws_env):  # noqa: F811
+    from cute_aot.runtime.record import Recorder
+    from tests.test_fleet_misses import _closed_port
+    from tests.test_recorded_calls import _call
+
+    aws_env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+    recorder, call = Recorder(f"s3://{BUCKET}/records/"), _call(64)
+    started = time.perf_counter()
+    recorder.add(call, None, {}, None, "server.py:1")
+    assert time.perf_counter() - started < 0.5  # into memory; the store is the writer's problem
