@@ -131,6 +131,15 @@ def test_the_hook_is_installed_when_cutlass_is_imported(tmp_path):
     assert seen["compile"] == "cute_aot.runtime.compile_hook"
     report = json.loads((tmp_path / "r.json").read_text())
     assert (report["compiles"], report["hits"], report["misses"]) == (0, 0, 0)
+    assert "cute-aot" not in done.stderr  # all is well: nothing said
+
+
+def test_serving_with_no_bundle_is_said_once(tmp_path):
+    pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
+    done = _run([sys.executable, "-c", "import cutlass; import cutlass.cute"],
+                _env(tmp_path, CUTE_AOT_INTERCEPT="1"), tmp_path)  # fmt: skip
+    said = [line for line in done.stderr.splitlines() if "cute-aot:" in line]
+    assert len(said) == 1 and "CUTE_AOT_BUNDLES is unset" in said[0], done.stderr
 
 
 # -- record, build, serve: an unmodified program ---------------------------------------------------
