@@ -13,16 +13,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    default: str
-    doc: str
+# A namedtuple, not a dataclass: the startup hook imports this module in every process that sets
+# an activating variable, and dataclasses (with inspect) would cost it several ms.
+class Setting(namedtuple("Setting", "name default doc")):
+    __slots__ = ()
 
     def raw(self) -> str | None:
         """The variable's value, None when it is unset or empty."""
@@ -130,6 +128,8 @@ def miss_log() -> str:
 
 
 def host_name() -> str:
+    import socket  # on first use: the startup hook imports this module in every process
+
     return HOST.raw() or socket.gethostname()
 
 
