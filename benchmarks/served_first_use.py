@@ -1,0 +1,67 @@
+"""The first use of each served kernel, on this CPU: every call of a record is made again (its
+arguments rebuilt as the build's replay makes them: tensors over no memory), in one process,
+through `cute.compile` with the interceptor serving it from the bundle built from that record.
+Each call is timed from its entry to its return; nothing is launched. The first call also opens
+the bundle, and is reported apart.
+
+    CUTE_AOT_BUNDLES=bundles CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot \\
+        python benchmarks/served_first_use.py RECORD --out results/first_use.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("record")
+@click.option("--out", "out_path", type=click.Path(path_type=Path))
+def main(record: str, out_path: Path | None) -> None:
+    import cutlass.cute as cute
+    from cutlass.base_dsl import compiler
+
+    from cute_aot.kernels.recorded import RecordedCallKey, read_records
+    from cute_aot.kernels.recorded.replay import _parameters, import_target, rebuild
+
+    calls = []
+    for _, line in read_records(record):
+        if not line.get("recreatable"):
+            continue
+        key = RecordedCallKey.from_fields(line["key"])
+        call, examples = key.call_data, key.replay_data.get("examples") or []
+        function = import_target(call["target"]["function"])
+        parameters, symbols, positional, keyword = _parameters(function), {}, [], {}
+        for (name, described), example in zip(call["args"], examples, strict=True):
+            value = rebuild(described, example, symbols)
+            (keyword.__setitem__(name, value) if parameters.get(name) == "keyword"
+             else positional.append(value))  # fmt: skip
+        if call["target"].get("object"):  # called as the kernel object, as its caller did
+            function = positional.pop(0)
+        options = [getattr(compiler, name)(value) for name, value in call["options"].items()]
+        options.append(compiler.GPUArch(line["arch"]))
+        calls.append((cute.compile[tuple(options)], function, positional, keyword))
+    seconds = []
+    for compile_with, function, positional, keyword in calls:
+        started = time.perf_counter()
+        compile_with(function, *positional, **keyword)
+        seconds.append(time.perf_counter() - started)
+    result = {
+        "kernels": len(seconds),
+        "first_ms": 1e3 * seconds[0],
+        "later_median_ms": 1e3 * statistics.median(seconds[1:]),
+        "later_mean_ms": 1e3 * statistics.mean(seconds[1:]),
+    }
+    print(json.dumps(result))
+    if out_path:
+        out_path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()
