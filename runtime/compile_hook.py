@@ -57,6 +57,14 @@ def per_target() -> dict[str, dict[str, int]]:
         return {target: dict(counts) for target, counts in sorted(_targets.items())}
 
 
+def reset_counts() -> None:
+    """Forget this process's counts (a fork child starts its own)."""
+    global _executed
+    with _lock:
+        _targets.clear()
+        _executed = 0
+
+
 def _count(target: str, outcome: str) -> None:
     with _lock:
         counts = _targets.setdefault(target, dict.fromkeys(OUTCOMES, 0))

@@ -81,11 +81,16 @@ def _merged(processes: dict) -> dict:
     }
 
 
+_armed = False  # write_at_exit ran in this process (or the parent it was forked from)
+
+
 def write_at_exit() -> None:
     """Write this process's summary when it exits or is terminated (CUTE_AOT_REPORT)."""
+    global _armed
     path = settings.report_file()
     if path is None:
         return
+    _armed = True
 
     def write() -> None:
         try:
@@ -94,3 +99,16 @@ def write_at_exit() -> None:
             warn_once(("report", str(path)), f"cannot write the report {path} ({exc})")
 
     on_exit(write)
+
+
+def _after_fork() -> None:
+    """A fork child is another process: it reports its own work, at its own end."""
+    from cute_aot.runtime import compile_hook, policy
+
+    compile_hook.reset_counts()
+    policy.reset_counters()
+    if _armed:
+        write_at_exit()
+
+
+os.register_at_fork(after_in_child=_after_fork)

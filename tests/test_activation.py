@@ -177,9 +177,13 @@ def test_a_subprocess_is_recorded_built_and_served(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_spawn_pool_of_a_parent_that_imports_nothing_is_recorded_and_served(tmp_path):
+@pytest.mark.parametrize("start", ["spawn", "forkserver", "fork"])
+def test_a_pool_of_a_parent_that_imports_nothing_is_recorded_and_served(tmp_path, start):
+    """The parent imports cutlass, never cute-aot. spawn and forkserver workers run the startup
+    hook themselves; fork workers inherit the parent's hook, and report their own work."""
     records, blocks = tmp_path / "records", ["32", "64", "128", "256"]
-    recorded = _program(tmp_path, "--pool", "4", *blocks, CUTE_AOT_RECORD=f"{records}/")
+    pool = ["--pool", "4", "--start", start]
+    recorded = _program(tmp_path, *pool, *blocks, CUTE_AOT_RECORD=f"{records}/")
     workers = {r["pid"] for r in recorded}
     assert len(workers) >= 2, recorded  # compiled in the pool's processes, not the parent
     lines = _records(records)
@@ -192,11 +196,14 @@ def test_a_spawn_pool_of_a_parent_that_imports_nothing_is_recorded_and_served(tm
     assert _build(tmp_path, records, tmp_path / "bundles").returncode == 0
 
     report = tmp_path / "report.json"
-    served = _program(tmp_path, "--pool", "4", *blocks, **_serving(tmp_path / "bundles", report))
+    served = _program(tmp_path, *pool, *blocks, **_serving(tmp_path / "bundles", report))
     assert [r["type"] for r in served] == ["function"] * 4
     summary = json.loads(report.read_text())
     assert (summary["compiles"], summary["hits"], summary["misses"]) == (0, 4, 0)
-    assert len(summary["processes"]) == 5  # the parent and four workers, each at its own end
+    serving = {f"{p['host']}-{p['pid']}" for p in summary["processes"].values() if p["hits"]}
+    assert {key.rsplit("-", 1)[1] for key in serving} == {str(r["pid"]) for r in served}
+    if start != "forkserver":  # whose server process may end (and report) after the parent
+        assert len(summary["processes"]) == 5  # the parent and four workers, each at its end
 
 
 @pytest.mark.slow

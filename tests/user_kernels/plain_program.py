@@ -5,6 +5,7 @@ sm_90a with TVM-FFI; nothing is launched.
 
     python -m tests.user_kernels.plain_program 128 256          # one process
     python -m tests.user_kernels.plain_program --pool 4 128 256  # a spawn pool of 4 compiles them
+    python -m tests.user_kernels.plain_program --pool 4 --start fork 128 256  # or forkserver
     python -m tests.user_kernels.plain_program --in-main 128     # a kernel of __main__'s own
 
 Prints one JSON line per block: {"block": B, "type": what cute.compile returned, "pid": P}.
@@ -38,14 +39,16 @@ def compile_block(block: int, in_main: bool = False) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    pool, in_main = 0, False
+    pool, start, in_main = 0, "spawn", False
     if argv[:1] == ["--pool"]:
         pool, argv = int(argv[1]), argv[2:]
+    if argv[:1] == ["--start"]:
+        start, argv = argv[1], argv[2:]
     if argv[:1] == ["--in-main"]:
         in_main, argv = True, argv[1:]
     blocks = [int(block) for block in argv]
     if pool:
-        with multiprocessing.get_context("spawn").Pool(pool) as workers:
+        with multiprocessing.get_context(start).Pool(pool) as workers:
             results = workers.map(compile_block, blocks)
     else:
         results = [compile_block(block, in_main) for block in blocks]
