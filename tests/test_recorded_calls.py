@@ -190,6 +190,9 @@ def test_mode_auto_compiles_a_miss_and_the_next_build_covers_it(recorded_bundle,
     assert miss["type"] == "TVMFFIJitCompiledFunctionWithKwargs" and miss["compiles"] == 1
     [logged] = [json.loads(line) for line in log.read_text().splitlines()]
     assert logged["family"] == "cute_compile" and '"value":64' in logged["key"]["call"]
+    # the compile that still happened names its call site (the monitor's warn mode)
+    assert logged["problem"]["target"] == "tests.user_kernels.scale:scale"
+    assert Path(logged["problem"]["site"].rsplit(":", 1)[0]).name == "compile_calls.py"
     built = _aot_build(tmp_path, "--from-misses", log, "--out", tmp_path / "next")
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     [again] = _compile_calls(tmp_path, ["9:64"], CUTE_AOT_BUNDLES=str(tmp_path / "next"),
