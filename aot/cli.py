@@ -228,7 +228,10 @@ def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], 
     left_out: list[tuple] = []
     first_seen: dict[str, tuple[str, str]] = {}  # key id -> (its hardware answers, where)
     conflicts: dict[str, str] = {}  # key id -> why
-    for where, record in read_records(source):
+    records = read_records(source)
+    files = len({where for where, _ in records})
+    console.print(f"records: {len(records)} from {files} file(s) in {source}")
+    for where, record in records:
         site, target = record.get("site", "?"), record.get("target", "?")
         if not record.get("recreatable") or record.get("servable") is False:
             left_out.append((site, target, record.get("arch") or "-", record.get("reason")))
@@ -265,6 +268,7 @@ def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], 
     plan = {arch: keys for arch, keys in plan.items() if keys}
     if not plan:
         raise CuteAotError(f"{source}: no recorded call to build")
+    console.print(f"records: {len(first_seen)} distinct call(s)")
     return {arch: list(keys.values()) for arch, keys in plan.items()}, left_out
 
 

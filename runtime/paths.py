@@ -22,13 +22,20 @@ BUNDLES_ENV = settings.BUNDLES.name
 
 def expand_bundle_paths(paths: list[Path]) -> list[Path]:
     """Folders become the bundle files directly inside them, sorted by name: regular files only
-    (links to them too), since opening a FIFO someone left there would block its reader."""
+    (links to them too), since opening a FIFO someone left there would block its reader. One
+    that is not a regular file is left out with the warning other unreadable bundles get."""
+    from cute_aot.runtime.notices import warn_once
+
     found = []
     for path in paths:
-        if path.is_dir():
-            found += sorted(
-                p for p in path.iterdir() if p.name.endswith(BUNDLE_SUFFIX) and p.is_file()
-            )
-        else:
+        if not path.is_dir():
             found.append(path)
+            continue
+        for candidate in sorted(p for p in path.iterdir() if p.name.endswith(BUNDLE_SUFFIX)):
+            if candidate.is_file():
+                found.append(candidate)
+            else:
+                warn_once(("not-a-bundle-file", str(candidate)),
+                          f"skipping {candidate}: not a regular file (a FIFO, a device, a "
+                          "folder or a dangling link), so not a bundle")  # fmt: skip
     return found

@@ -911,3 +911,22 @@ def test_manifests_without_gpu_facts_stay_as_before(bundles):
     assert Manifest.from_json(bare.to_json()) == bare
     if HAS_TOOLS:
         assert Manifest.from_json(manifest.to_json()) == manifest
+
+
+# -- faults found by injection (issue: one place for each decision) -------------------------------
+def test_ls_of_a_file_that_is_not_a_bundle_says_why_on_stderr_in_one_line(tmp_path):
+    bad = tmp_path / "x.cuteaot"
+    bad.write_text("not a bundle")
+    result = CliRunner().invoke(main, ["ls", str(bad), "--no-overlay"])
+    assert result.exit_code == 1
+    assert result.stderr == f"aot-cache: {bad}: truncated: shorter than a bundle header\n"
+
+
+def test_a_fifo_named_like_a_bundle_in_a_folder_is_skipped_with_a_warning(tmp_path):
+    from cute_aot.runtime import notices
+
+    notices.forget()
+    os.mkfifo(tmp_path / "pipe.cuteaot")
+    with pytest.warns(RuntimeWarning, match=r"skipping .*pipe\.cuteaot: not a regular file"):
+        result = CliRunner().invoke(main, ["ls", str(tmp_path), "--no-overlay"])
+    assert "pipe.cuteaot" not in result.stdout  # never opened: its reader would block

@@ -122,7 +122,10 @@ def ls_command(bundle_paths, no_overlay, as_json):
         emit_json({"bundles": rows, "overlay": overlay_rows, "overlay_root": root})
     else:
         _print_ls(rows, overlay_rows)
-    if any(row["status"] == "error" for row in rows):
+    failed = [row for row in rows if row["status"] == "error"]
+    for row in failed:  # the one-line error every other command gives, on stderr
+        click.echo(f"aot-cache: {row['error']}", err=True)
+    if failed:
         sys.exit(1)
 
 
