@@ -27,20 +27,15 @@ def main(record: str, out_path: Path | None) -> None:
     from cutlass.base_dsl import compiler
 
     from cute_aot.kernels.recorded import RecordedCallKey, read_records
-    from cute_aot.kernels.recorded.replay import _parameters, import_target, rebuild
+    from cute_aot.kernels.recorded.replay import recreate
 
     calls = []
     for _, line in read_records(record):
         if not line.get("recreatable"):
             continue
         key = RecordedCallKey.from_fields(line["key"])
-        call, examples = key.call_data, key.replay_data.get("examples") or []
-        function = import_target(call["target"]["function"])
-        parameters, symbols, positional, keyword = _parameters(function), {}, [], {}
-        for (name, described), example in zip(call["args"], examples, strict=True):
-            value = rebuild(described, example, symbols)
-            (keyword.__setitem__(name, value) if parameters.get(name) == "keyword"
-             else positional.append(value))  # fmt: skip
+        call = key.call_data
+        function, positional, keyword = recreate(key)
         if call["target"].get("object"):  # called as the kernel object, as its caller did
             function = positional.pop(0)
         options = [getattr(compiler, name)(value) for name, value in call["options"].items()]

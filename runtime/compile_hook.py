@@ -25,7 +25,6 @@ import threading
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
 from cute_aot.kernels.recorded import FAMILY
-from cute_aot.runtime import policy
 from cute_aot.runtime.epoch import Resolutions
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
@@ -35,7 +34,6 @@ __all__ = ["executed", "install_hook", "intercept", "per_target", "uninstall"]
 _recorders: list = []  # runtime/record.Recorder objects, innermost last
 _lock = threading.Lock()
 _original = None  # CompileCallable._compile as cutlass-dsl defines it
-_executed = 0  # real compiles that went through the hook (served calls are not compiles)
 _local = threading.local()  # compiles in progress on this thread (a probe inside a compile)
 _targets: dict[str, dict[str, int]] = {}  # target -> {compiles, hits, misses} in this process
 OUTCOMES = ("compiles", "hits", "misses")
@@ -46,7 +44,8 @@ _hits = Resolutions()
 def executed() -> int:
     """How many real `cute.compile` executions this process made since the hook was installed
     (benchmarks and tests show that mode aot served every call without one)."""
-    return _executed
+    with _lock:
+        return sum(counts["compiles"] for counts in _targets.values())
 
 
 def per_target() -> dict[str, dict[str, int]]:
@@ -59,10 +58,8 @@ def per_target() -> dict[str, dict[str, int]]:
 
 def reset_counts() -> None:
     """Forget this process's counts (a fork child starts its own)."""
-    global _executed
     with _lock:
         _targets.clear()
-        _executed = 0
 
 
 def _count(target: str, outcome: str) -> None:
@@ -71,12 +68,8 @@ def _count(target: str, outcome: str) -> None:
         counts[outcome] += 1
 
 
-def _run_original(self, func, args, kwargs, target: str | None = None):
-    global _executed
-    with _lock:
-        _executed += 1
-    if target is not None:
-        _count(target, "compiles")
+def _run_original(self, func, args, kwargs, target: str):
+    _count(target, "compiles")
     return _original(self, func, *args, **kwargs)
 
 
@@ -211,7 +204,7 @@ def _served(serving, call, why):
     arch = _arch(call)
     known = _hits.get((call.identity_json, arch))
     if known is not _hits.MISSING:  # a hit resolved before, in this epoch: nothing to redo
-        policy.count(FAMILY, policy.HIT)
+        serving.remembered_hit()
         return known
     epoch, key = _hits.now(), call.key()
     function = serving.function(key, arch, {"target": call.target, "site": _call_site()})

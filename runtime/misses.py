@@ -26,17 +26,13 @@ from pathlib import Path
 from cute_aot.artifacts import settings, toolchain, urls
 from cute_aot.artifacts.miss_log import read_misses
 from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.process_files import append_line, host, process_file
+from cute_aot.runtime.process_files import append_line, host, is_prefix, process_file
 
 __all__ = ["MISS_LOG_ENV", "miss_log_path", "read_misses", "record_miss"]
 
 MISS_LOG_ENV = settings.MISS_LOG.name
 _recorded: set[tuple[str, str, str, str]] = set()  # (log, family, key id, arch) said already
 _lock = threading.Lock()
-
-
-def _is_prefix(location: str) -> bool:
-    return urls.is_url(location) or location.endswith(("/", os.sep)) or os.path.isdir(location)
 
 
 def miss_log_path() -> Path | str:
@@ -67,7 +63,7 @@ def record_miss(key, arch: str, problem: dict) -> None:
         sort_keys=True,
     )
     record = (line + "\n").encode()
-    if _is_prefix(location):
+    if is_prefix(location):
         try:
             process_file(location, "miss log").add(record)
         except RuntimeError as exc:  # no thread to be had (e.g. a miss while the process exits)

@@ -26,10 +26,16 @@ from cute_aot.artifacts.miss_log import MAX_LOG_BYTES, rotated_path
 from cute_aot.runtime.at_exit import on_exit
 from cute_aot.runtime.notices import warn_once
 
-__all__ = ["ProcessFile", "host", "process_file"]
+__all__ = ["ProcessFile", "append_line", "host", "is_prefix", "process_file"]
 
 FLUSH_INTERVAL_S = 10.0  # a prefix gets each process's file at most this often
 EXIT_FLUSH_S = 5.0  # the last write delays a process's exit at most this long (a dead store)
+
+
+def is_prefix(location: str) -> bool:
+    """Whether `location` gets one file per process: a URL, or a folder (an existing one, or a
+    path written with a trailing separator); else it is one file that processes append to."""
+    return urls.is_url(location) or location.endswith(("/", os.sep)) or os.path.isdir(location)
 
 
 def host() -> str:

@@ -36,13 +36,9 @@ from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT, RecordedCallKey, ha
 from cute_aot.kernels.recorded.calls import signature_mismatch
 from cute_aot.runtime import compile_hook
 from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.process_files import append_line, host, process_file
+from cute_aot.runtime.process_files import append_line, host, is_prefix, process_file
 
 __all__ = ["Recorder", "recording"]
-
-
-def _is_prefix(location: str) -> bool:
-    return urls.is_url(location) or location.endswith(("/", os.sep)) or os.path.isdir(location)
 
 
 class Recorder:
@@ -50,7 +46,7 @@ class Recorder:
 
     def __init__(self, location: str | os.PathLike):
         self.location = os.fspath(location)
-        self.shared = not _is_prefix(self.location)  # one file for every process
+        self.shared = not is_prefix(self.location)  # one file for every process
         self.path = Path(self.location) if self.shared else None
         self._written: set[str] = set()  # subjects written (by this process, or in the file)
         self._read_up_to = 0

@@ -49,6 +49,12 @@ class Serving:
             self.misses += 1
         return resolution.function
 
+    def remembered_hit(self) -> None:
+        """Count a hit the family served from what it remembered of an earlier `function`
+        (in this resolution epoch), as that call counted it."""
+        policy.count(self.family.name, policy.HIT)
+        self.hits += 1
+
 
 _lock = threading.Lock()
 # family name -> (its Serving, [(owner, attribute, original)]) for what is patched now

@@ -27,6 +27,17 @@ from cute_aot.kernels.recorded.hardware import pinned
 
 
 def compile(key: RecordedCallKey, arch: str):
+    call = key.call_data
+    function, positional, keyword = recreate(key)
+    options = [getattr(compiler, name)(value) for name, value in call["options"].items()]
+    options += [compiler.GPUArch(arch), compiler.EnableTVMFFI(key.abi == "tvm_ffi")]
+    with pinned(key.hardware):
+        return cute.compile[tuple(options)](function, *positional, **keyword)
+
+
+def recreate(key: RecordedCallKey) -> tuple[object, list, dict]:
+    """(the recorded function, positional arguments, keyword arguments) of a recorded call,
+    re-made from its description and example values."""
     call, examples = key.call_data, key.replay_data.get("examples") or []
     function = import_target(call["target"]["function"])
     symbols: dict[int, object] = {}
@@ -38,10 +49,7 @@ def compile(key: RecordedCallKey, arch: str):
             keyword[name] = value
         else:
             positional.append(value)
-    options = [getattr(compiler, name)(value) for name, value in call["options"].items()]
-    options += [compiler.GPUArch(arch), compiler.EnableTVMFFI(key.abi == "tvm_ffi")]
-    with pinned(key.hardware):
-        return cute.compile[tuple(options)](function, *positional, **keyword)
+    return function, positional, keyword
 
 
 def import_target(name: str):
