@@ -60,6 +60,10 @@ INTERCEPT = Setting("CUTE_AOT_INTERCEPT", "0",
 REPORT = Setting("CUTE_AOT_REPORT", "none",
                  "a JSON file: at exit, each process adds its cute.compile compiles, hits and "
                  "misses per target and per family to it")  # fmt: skip
+VIRTUAL = Setting("CUTE_AOT_VIRTUAL", "none",
+                  "a GPU profile (h200, b200, ...), an architecture (sm_100a: its reference "
+                  "profile) or a JSON file of overrides: the process becomes a virtual GPU of that "
+                  "profile that records with none present (fake CUDA tensors, stub launches)")  # fmt: skip
 DISABLE = Setting("CUTE_AOT_DISABLE", "0",
                   "1: the startup hook does nothing in this process and the ones it starts "
                   "(cute-aot's own tools set it for their workers)")  # fmt: skip
@@ -78,10 +82,11 @@ SETTINGS: tuple[Setting, ...] = (
     RECORD,
     INTERCEPT,
     REPORT,
+    VIRTUAL,
     DISABLE,
 )
 # What the startup hook (runtime/activation.py) installs the cute.compile hook for.
-ACTIVATING: tuple[Setting, ...] = (RECORD, INTERCEPT, REPORT)
+ACTIVATING: tuple[Setting, ...] = (RECORD, INTERCEPT, REPORT, VIRTUAL)
 
 _TRUE = ("1", "true", "yes", "on")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*\Z")
@@ -162,6 +167,11 @@ def record_location() -> str | None:
 def report_file() -> Path | None:
     raw = REPORT.raw()
     return Path(raw) if raw else None
+
+
+def virtual_profile() -> str | None:
+    """CUTE_AOT_VIRTUAL as written: a profile name, an architecture, or an override file."""
+    return VIRTUAL.raw()
 
 
 def disabled() -> bool:

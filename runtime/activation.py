@@ -31,6 +31,7 @@ __all__ = ["activate", "state"]
 STARTUP_FILE = "cute-aot-startup.pth"
 _lock = threading.RLock()
 _installed = False  # the cute.compile hook and what the variables ask of it, in this process
+_activated = False  # activate() has run here (the hook waits for cutlass, or is installed)
 
 
 def state() -> tuple[bool, str]:
@@ -57,20 +58,48 @@ def startup_file() -> str | None:
 
 
 def activate() -> None:
-    """Install the cute.compile hook now or when cutlass is imported, if the environment asks."""
+    """Install the cute.compile hook now or when cutlass is imported, if the environment asks;
+    first become a virtual GPU where CUTE_AOT_VIRTUAL names one (before torch is imported)."""
     active, _ = state()
     if not active:
         return
     with _lock:
-        if _installed or any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        if _activated:
             return
-        if "cutlass" in sys.modules:
-            _install()
-            return
-        sys.meta_path.insert(0, _AfterImport("cutlass", _install))
+        _set_activated()
+        if settings.virtual_profile():
+            _start_virtual(settings.virtual_profile())
+        after_import("cutlass", _install)
         # Asked at exit, not now: site may not have put cutlass-dsl on sys.path yet (its own
         # .pth runs after this one).
         atexit.register(_say_if_cutlass_missing)
+
+
+def _set_activated() -> None:
+    global _activated
+    _activated = True
+
+
+def _start_virtual(spec: str) -> None:
+    from cute_aot.runtime import virtual
+
+    try:
+        virtual.start(spec)
+    except Exception as exc:  # a profile that does not exist: the workload must not run as real
+        raise SystemExit(f"cute-aot: {settings.VIRTUAL.name}={spec}: {exc}") from exc
+
+
+def after_import(name: str, callback) -> None:
+    """Run `callback()` right after module `name` has executed (now, if it already has)."""
+    with _lock:
+        if name not in sys.modules:
+            finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport)), None)
+            if finder is None:
+                finder = _AfterImport()
+                sys.meta_path.insert(0, finder)
+            finder.waiting.setdefault(name, []).append(callback)
+            return
+    callback()
 
 
 def _say_if_cutlass_missing() -> None:
@@ -88,14 +117,19 @@ def _install() -> None:
             return
         _installed = True
         try:
-            from cute_aot.runtime import compile_hook
+            from cute_aot.runtime import compile_hook, virtual
 
             compile_hook.install_hook()
+            if virtual.active():
+                compile_hook.on_virtual_gpu(virtual.compiled)
             if settings.record_location():
                 from cute_aot.runtime.record import record_from_env
 
                 record_from_env()
-            if settings.intercept():
+            if settings.intercept() and virtual.active():
+                _warn(f"{settings.INTERCEPT.name}=1 on a virtual GPU ({settings.VIRTUAL.name}): "
+                      "nothing is served, every compile is recorded")  # fmt: skip
+            elif settings.intercept():
                 compile_hook.intercept()
                 if not _bundles_named():
                     _warn(f"{settings.INTERCEPT.name}=1, but no bundle is named "
@@ -126,17 +160,16 @@ def _warn(message: str) -> None:
 
 
 class _AfterImport:
-    """A meta path finder that lets the other finders find `name`, then has `callback` run
-    right after the module has executed. It stays in place until then: a library probing
-    with importlib.util.find_spec("cutlass") finds a spec it never loads."""
+    """A meta path finder that lets the other finders find each waited-for module, then runs
+    its callbacks right after the module has executed. It stays in place until then: a library
+    probing with importlib.util.find_spec("cutlass") finds a spec it never loads."""
 
-    def __init__(self, name: str, callback):
-        self.name = name
-        self.callback = callback
+    def __init__(self):
+        self.waiting: dict[str, list] = {}  # module name -> callbacks
         self._finding = threading.local()
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name or getattr(self._finding, "now", False):
+        if fullname not in self.waiting or getattr(self._finding, "now", False):
             return None
         self._finding.now = True  # the other finders are asked below, not this one again
         try:
@@ -145,14 +178,16 @@ class _AfterImport:
             self._finding.now = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _ThenCall(spec.loader, self._loaded)
+        spec.loader = _ThenCall(spec.loader, lambda: self._loaded(fullname))
         return spec
 
-    def _loaded(self) -> None:
+    def _loaded(self, name: str) -> None:
         with _lock:
-            if self in sys.meta_path:
+            callbacks = self.waiting.pop(name, [])
+            if not self.waiting and self in sys.meta_path:
                 sys.meta_path.remove(self)
-        self.callback()
+        for callback in callbacks:
+            callback()
 
     def invalidate_caches(self) -> None:
         pass

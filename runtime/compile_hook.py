@@ -36,6 +36,7 @@ _lock = threading.Lock()
 _original = None  # CompileCallable._compile as cutlass-dsl defines it
 _local = threading.local()  # compiles in progress on this thread (a probe inside a compile)
 _targets: dict[str, dict[str, int]] = {}  # target -> {compiles, hits, misses} in this process
+_virtual = None  # on a virtual GPU (runtime/virtual): what a compile returns instead (a stub)
 OUTCOMES = ("compiles", "hits", "misses")
 # (call identity, arch) -> what a hit returns; empty again when bundles load or the mode changes
 _hits = Resolutions()
@@ -132,7 +133,7 @@ def _compile(self, func, *args, **kwargs):
         return _original(self, func, *args, **kwargs)
     serving, recorders = installed(FAMILY), list(_recorders)
     nested = getattr(_local, "depth", 0) > 0
-    if nested or (serving is None and not recorders) or hardware.is_probe(func):
+    if nested or (serving is None and not recorders and _virtual is None) or hardware.is_probe(func):
         return _run_original(self, func, args, kwargs, _target_name(func))
     call, why = _describe(self, func, args, kwargs)
     target = call.target if call is not None else _target_name(func)
@@ -158,7 +159,13 @@ def _compile(self, func, *args, **kwargs):
         _local.depth -= 1
     for recorder in recorders:
         recorder.add(call, why, queried, compiled, _call_site())
-    return compiled
+    return compiled if _virtual is None else _virtual(call, compiled)
+
+
+def on_virtual_gpu(stand_in) -> None:
+    """A virtual GPU (runtime/virtual): every compile returns `stand_in(call, compiled)`."""
+    global _virtual
+    _virtual = stand_in
 
 
 def _target_name(func) -> str:

@@ -31,7 +31,7 @@ TOTALS = ("compiles", "hits", "misses")
 
 def summary() -> dict:
     """This process's counts."""
-    from cute_aot.runtime import compile_hook, policy
+    from cute_aot.runtime import compile_hook, policy, virtual
     from cute_aot.runtime.mode import current_mode
 
     targets = compile_hook.per_target()
@@ -43,6 +43,7 @@ def summary() -> dict:
         **{total: sum(counts[total] for counts in targets.values()) for total in TOTALS},
         "targets": targets,
         "families": policy.counters(),
+        **({"virtual": virtual.summary()} if virtual.active() else {}),
     }
 
 
@@ -72,11 +73,19 @@ def _merged(processes: dict) -> dict:
                 total = into.setdefault(name, {})
                 for outcome, number in counts.items():
                     total[outcome] = total.get(outcome, 0) + number
+    unanswerable: dict[tuple, int] = {}  # virtual GPUs: each question counted over processes
+    for process in processes.values():
+        for asked in process.get("virtual", {}).get("unanswerable", []):
+            subject = (asked["site"], asked["question"], asked["reason"])
+            unanswerable[subject] = unanswerable.get(subject, 0) + asked["times"]
     return {
         "format": REPORT_FORMAT,
         **{total: sum(p.get(total, 0) for p in processes.values()) for total in TOTALS},
         "targets": targets,
         "families": families,
+        **({"unanswerable": [{"site": site, "question": question, "reason": reason, "times": n}
+                             for (site, question, reason), n in sorted(unanswerable.items())]}
+           if unanswerable else {}),  # fmt: skip
         "processes": processes,
     }
 

@@ -1,0 +1,157 @@
+"""A virtual GPU: an unmodified workload records its CuTe DSL kernels for a GPU that is not there.
+
+    CUTE_AOT_VIRTUAL=b200 CUTE_AOT_RECORD=records/ python -m pytest flashinfer_tests/...
+    aot-build --from-record records/ --arch sm100a           # on the same CPU-only machine
+
+CUTE_AOT_VIRTUAL names a profile of kernels/gpu_profiles.json (`h200`, `b200`), an architecture
+(its reference profile: `sm_100a` is `b200`), or a JSON file `{"base": "b200", "attributes":
+{...}, "max_active_clusters": {...}}` that overrides answers. The startup hook
+(runtime/activation.py) starts it in every process of the workload, before the workload runs:
+
+- torch (torch_device.py): tensors on `cuda` are fake (shapes, strides, dtypes; no memory), CPU
+  tensors stay real; torch.cuda's device queries, streams, events and synchronization answer as
+  the profile's GPU, on every thread.
+- the CUDA driver (driver.py): cuda-python answers the profile's attributes, and cutlass's
+  HardwareInfo its cluster occupancy; the DSL's architecture is the profile's, always explicit.
+- cute.compile compiles and is recorded as on a real GPU; what it returns launches nothing.
+- the libraries' own caches and tuning files go to a folder of this process, removed at exit.
+
+What the profile cannot answer (a host read of a CUDA tensor's values: `.item()`, `.tolist()`,
+control flow on them; a driver call no profile covers; a timing) raises `Unanswerable`, named by
+question and call site, and counted in the summary said at exit. No value is invented.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import threading
+
+from cute_aot.artifacts import settings
+
+__all__ = ["Unanswerable", "active", "start", "summary"]
+
+_profile = None  # the GpuProfile answering, once started
+_lock = threading.Lock()
+_unanswered: collections.Counter = collections.Counter()  # (site, question, reason) -> times
+_compiles: dict[str, set] = collections.defaultdict(set)  # target -> distinct calls compiled
+_calls = 0
+
+
+class Unanswerable(RuntimeError):
+    """A question the virtual GPU has no true answer for; says what was asked, and where."""
+
+
+class UnansweredAttribute(Unanswerable, AttributeError):
+    """A device property the profile does not hold (hasattr() is False, as for a missing one)."""
+
+
+# Frames of these packages are how a question reaches us, not where the workload asked it.
+_PLUMBING = ("torch", "cuda", "cutlass", "tvm_ffi", "importlib", "contextlib")
+
+
+def asked_at() -> str:
+    """file:line of the first frame outside torch, the driver bindings, cutlass and cute-aot."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in _PLUMBING and not module.startswith("cute_aot.runtime"):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def unanswerable(question: str, reason: str, kind=Unanswerable) -> Unanswerable:
+    """The error to raise for `question`, counted with its site for the summary."""
+    site = asked_at()
+    with _lock:
+        _unanswered[site, question, reason] += 1
+    return kind(f"virtual GPU {_profile.name if _profile else '?'}: {question} cannot be "
+                f"answered ({reason}), asked at {site}")  # fmt: skip
+
+
+def active():
+    """The GpuProfile this process answers as, None when it is a real process."""
+    return _profile
+
+
+def compiled(call, function):
+    """What cute.compile returns on a virtual GPU (runtime/compile_hook.py): a stub that
+    launches nothing, counted for the summary."""
+    global _calls
+    with _lock:
+        _calls += 1
+        target = call.target if call is not None else getattr(function, "__name__", "?")
+        _compiles[target].add(call.identity_json if call is not None else id(function))
+    return LaunchesNothing(function)
+
+
+class LaunchesNothing:
+    """A compiled function's stand-in: takes any arguments, launches nothing, returns None."""
+
+    def __init__(self, compiled):
+        self.__wrapped__ = compiled
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self.__wrapped__, name)
+
+
+def load_profile(spec: str):
+    """CUTE_AOT_VIRTUAL's value -> GpuProfile: a name, an architecture, or a JSON override file."""
+    from cute_aot.kernels import gpu_profiles
+
+    if spec.endswith(".json") or os.path.sep in spec:
+        try:
+            changes = json.loads(open(spec).read())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{settings.VIRTUAL.name}={spec}: cannot read it ({exc})") from exc
+        base = gpu_profiles.profile(str(changes.pop("base", "")))
+        return gpu_profiles.with_overrides(base, changes)
+    return gpu_profiles.profile(spec)
+
+
+def start(spec: str) -> None:
+    """Become the virtual GPU `spec` in this process (runtime/activation.py calls it first)."""
+    global _profile
+    from cute_aot.runtime import at_exit
+    from cute_aot.runtime.virtual import caches, driver, torch_device
+
+    with _lock:
+        if _profile is not None:
+            return
+        _profile = load_profile(spec)
+    os.environ["CUTE_DSL_ARCH"] = _profile.arch  # never the DSL's own guess (sm_100)
+    caches.isolate()
+    torch_device.start(_profile)
+    driver.start(_profile)
+    at_exit.on_exit(_say_summary)
+
+
+def summary() -> dict:
+    """What this process compiled and could not answer, in an order that does not vary."""
+    with _lock:
+        return {
+            "profile": _profile.describe() if _profile else None,
+            "cute_compile_calls": _calls,
+            "kernels": sum(len(calls) for calls in _compiles.values()),
+            "targets": {target: len(calls) for target, calls in sorted(_compiles.items())},
+            "unanswerable": [{"site": site, "question": question, "reason": reason, "times": n}
+                             for (site, question, reason), n in sorted(_unanswered.items())],  # fmt: skip
+        }
+
+
+def _say_summary() -> None:
+    found = summary()
+    profile = found["profile"]
+    lines = [f"cute-aot virtual {profile['profile']} ({profile['arch']}), pid {os.getpid()}: "
+             f"{found['cute_compile_calls']} cute.compile calls, {found['kernels']} kernels of "
+             f"{len(found['targets'])} targets; {len(found['unanswerable'])} unanswerable "
+             "questions" + (":" if found["unanswerable"] else "")]  # fmt: skip
+    lines += [f"  {u['site']}: {u['question']} ({u['reason']}) x{u['times']}"
+              for u in found["unanswerable"]]  # fmt: skip
+    print("\n".join(lines), file=sys.stderr)

@@ -1,0 +1,34 @@
+"""The libraries' own caches, apart for a virtual GPU's process.
+
+Under a virtual GPU a library's disk cache would keep objects compiled for a GPU that is not
+there, and its autotuner's files choices timed on stubs. Each variable below points one of those
+caches into a folder of this process, removed when it ends; a process it starts makes its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+# Each library's cache location, as the library reads it from the environment.
+CACHE_VARIABLES = (
+    "FLASHINFER_WORKSPACE_BASE",  # FlashInfer: JIT modules, CuTe DSL objects, autotune results
+    "FLASHINFER_AUTOTUNE_DIR",  # FlashInfer: calibration files of its tuners
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR",  # flash-attention's CuTe DSL cache
+    "CUTE_DSL_CACHE_DIR",  # cutlass-dsl's own file cache
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "XDG_CACHE_HOME",  # what the others fall back on (~/.cache)
+)
+
+
+def isolate() -> str:
+    """Point every cache variable into a new folder of this process; returns the folder."""
+    from cute_aot.runtime.at_exit import on_exit
+
+    folder = tempfile.mkdtemp(prefix=f"cute-aot-virtual-{os.getpid()}-")
+    for name in CACHE_VARIABLES:
+        os.environ[name] = os.path.join(folder, name.lower())
+    on_exit(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder
