@@ -1,0 +1,182 @@
+"""A virtual GPU (CUTE_AOT_VIRTUAL) on this CPU-only machine: an unmodified program
+(tests/user_kernels/torch_program.py: torch CUDA tensors, the user kernel compiled with and
+without TVM-FFI, then called) records what a real GPU of the profile records, and the record
+builds. The real-format recording it is compared with is the H200's own
+(tests/data/scale_h200.record.jsonl: the same four calls, recorded on an H200 by
+benchmarks/recorded_flashinfer.py). Questions no profile answers fail where they are asked,
+named with their site. Real processes throughout, activated by the environment alone.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cute_aot.artifacts.bundle import read_manifest
+from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.kernels import gpu_profiles
+from cute_aot.kernels.arch import SUPPORTED_ARCHS, arch_for_capability
+
+REPO = Path(__file__).resolve().parents[1]
+PROGRAM = REPO / "tests" / "user_kernels" / "torch_program.py"
+H200_RECORD = REPO / "tests" / "data" / "scale_h200.record.jsonl"
+
+
+def _env(tmp_path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
+    env.update(PYTHONPATH=str(REPO), CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"), **extra)
+    return env
+
+
+def _program(tmp_path, *args, check=True, **env) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "tests.user_kernels.torch_program", *args],
+                          env=_env(tmp_path, **env), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _lines(done) -> list[dict]:
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
+            for line in path.read_text().splitlines()]  # fmt: skip
+
+
+def _needs_the_dsl_and_torch():
+    pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
+    pytest.importorskip("torch", reason="needs torch")
+
+
+# -- the profiles file ----------------------------------------------------------------------------
+def test_every_profile_value_names_its_source_and_its_capability_is_its_arch():
+    for name, profile in gpu_profiles.profiles().items():
+        answers = {*profile.attributes, "name", "driver_version",
+                   *(f"max_active_clusters({size})" for size in profile.max_active_clusters)}  # fmt: skip
+        assert set(profile.sources) == answers, name
+        assert all(source.strip() for source in profile.sources.values()), name
+        assert arch_for_capability(*profile.capability) == profile.arch, name
+    for arch in SUPPORTED_ARCHS:
+        assert gpu_profiles.profile(arch).arch == arch  # each architecture has its reference
+
+
+def test_profiles_are_named_by_model_or_architecture_and_unknown_names_are_refused():
+    assert gpu_profiles.profile("sm_100a").name == "b200"
+    assert gpu_profiles.profile("B200") is gpu_profiles.profile("b200")
+    assert gpu_profiles.profile("sm103a").device_name == "NVIDIA B300 SXM6 AC"
+    with pytest.raises(UnsupportedProblemError, match="'h300'.*h200, h100-sxm, b200, b300"):
+        gpu_profiles.profile("h300")
+
+
+def test_an_override_changes_the_answer_and_says_so_but_not_the_architecture():
+    base = gpu_profiles.profile("b200")
+    changed = gpu_profiles.with_overrides(base, {"attributes": {"MULTIPROCESSOR_COUNT": 140}})
+    assert (changed.sm_count, base.sm_count) == (140, 148)
+    assert changed.sources["MULTIPROCESSOR_COUNT"] == "overridden by the user"
+    assert changed.describe() == {"profile": "b200", "arch": "sm_100a",
+                                  "overrides": {"attributes": {"MULTIPROCESSOR_COUNT": 140}}}  # fmt: skip
+    with pytest.raises(UnsupportedProblemError, match="9.0 is not sm_100a"):
+        gpu_profiles.with_overrides(base, {"attributes": {"COMPUTE_CAPABILITY_MAJOR": 9}})
+
+
+# -- a virtual GPU records what the real one records -----------------------------------------------
+@pytest.mark.slow
+def test_a_virtual_h200_records_the_h200s_keys_and_the_record_builds(tmp_path):
+    """The four calls give the key ids (and whole keys) the H200 recorded; the kernels ran as
+    stubs (returned None); the record then builds on this CPU, every key."""
+    _needs_the_dsl_and_torch()
+    done = _program(tmp_path, CUTE_AOT_VIRTUAL="h200", CUTE_AOT_RECORD=f"{tmp_path}/rec/")
+    calls = [line for line in _lines(done) if "call" in line]
+    assert [c["returned"] for c in calls] == ["None"] * 4
+    virtual = {r["key_id"]: r for r in _records(tmp_path / "rec")}
+    real = {r["key_id"]: r for r in map(json.loads, H200_RECORD.read_text().splitlines())}
+    assert set(virtual) == set(real) and len(real) == 4
+    for key_id, record in real.items():
+        assert virtual[key_id]["key"] == record["key"], key_id
+        assert (virtual[key_id]["arch"], virtual[key_id]["tvm_ffi"]) == ("sm_90a", record["tvm_ffi"])
+    built = subprocess.run(
+        [sys.executable, "-m", "cute_aot.aot.cli", "--from-record", str(tmp_path / "rec"),
+         "--arch", "sm90a", "--out", str(tmp_path / "out"), "--name", "virtual", "--quiet",
+         "--no-cache"], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+        timeout=900)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (bundle,) = (tmp_path / "out").glob("*.cuteaot")
+    assert {entry.key_id for entry in read_manifest(bundle).entries} == set(real)
+
+
+@pytest.mark.slow
+def test_a_hardware_query_is_answered_by_the_profile_and_recorded_with_it(tmp_path):
+    """scale_on_every_sm asks HardwareInfo for the SM count: a virtual B200 answers 148, an
+    override file 140, and each record keeps the answer and the GPU that gave it."""
+    _needs_the_dsl_and_torch()
+    override = tmp_path / "fewer-sms.json"
+    override.write_text(json.dumps({"base": "b200", "attributes": {"MULTIPROCESSOR_COUNT": 140}}))
+    answers = {}
+    for spec in ("b200", str(override)):
+        folder = tmp_path / f"rec-{len(answers)}"
+        done = _program(tmp_path, "--every-sm", CUTE_AOT_VIRTUAL=spec, CUTE_AOT_RECORD=f"{folder}/")
+        (info,) = [line for line in _lines(done) if "device" in line]
+        assert (info["device"], info["capability"]) == ("NVIDIA B200", [10, 0])
+        (record,) = [r for r in _records(folder) if r["target"].endswith("scale_on_every_sm")]
+        assert record["arch"] == "sm_100a"
+        replay = json.loads(record["key"]["replay"])
+        answers[spec] = (replay["hardware"], replay["device"], record["key_id"])
+    b200, fewer = answers["b200"], answers[str(override)]
+    assert b200[:2] == ({"HardwareInfo.get_device_multiprocessor_count()": 148},
+                        {"name": "NVIDIA B200", "sm_count": 148})  # fmt: skip
+    assert fewer[:2] == ({"HardwareInfo.get_device_multiprocessor_count()": 140},
+                         {"name": "NVIDIA B200", "sm_count": 140})  # fmt: skip
+
+
+def test_cpu_tensors_stay_real_cuda_ones_are_fake_on_every_thread_and_questions_are_named(tmp_path):
+    """Each question no profile answers raises Unanswerable naming it and the program's own line;
+    the summary at exit lists each with its site, and the report counts them."""
+    _needs_the_dsl_and_torch()
+    report = tmp_path / "report.json"
+    done = _program(tmp_path, "--ask", CUTE_AOT_VIRTUAL="h200", CUTE_AOT_REPORT=str(report))
+    lines = _lines(done)
+    (info,) = [line for line in lines if "cpu" in line]
+    assert info == {"cpu": [0, 1, 2], "cuda_on_a_thread": "FakeTensor", "device": "NVIDIA H200",
+                    "capability": [9, 0]}  # fmt: skip
+    source = PROGRAM.read_text().splitlines()
+    expected = {"item": "x.sum().item()", "driver": "cuModuleLoadData",
+                "timing": "elapsed_time", "property": "no_such_property"}  # fmt: skip
+    asked = {line["question"]: line for line in lines if "question" in line}
+    assert set(asked) == set(expected)
+    sites = {}
+    for question, text in expected.items():
+        (number,) = [i + 1 for i, line in enumerate(source)
+                     if f'yield "{question}"' in line and text in line]  # fmt: skip
+        sites[question] = f"{PROGRAM}:{number}"
+        assert asked[question]["error"] in ("Unanswerable", "UnansweredAttribute"), asked[question]
+        assert asked[question]["message"].endswith(f"asked at {sites[question]}")
+        assert f"  {sites[question]}: " in done.stderr  # the summary's line for it
+    counted = json.loads(report.read_text())["unanswerable"]
+    assert sorted(u["site"] for u in counted) == sorted(sites.values())
+    assert all(u["times"] == 1 for u in counted)
+
+
+def test_an_unknown_profile_stops_the_program_before_it_runs(tmp_path):
+    done = _program(tmp_path, check=False, CUTE_AOT_VIRTUAL="h300")
+    assert done.returncode != 0
+    assert "CUTE_AOT_VIRTUAL=h300" in done.stderr and "unknown GPU profile 'h300'" in done.stderr
+    assert not _lines(done)  # nothing ran as if on a real GPU
+
+
+def test_the_libraries_caches_live_in_a_folder_of_the_process_removed_at_exit(tmp_path):
+    probe = ("import os, json; print(json.dumps({n: os.environ.get(n) for n in "
+             "('FLASHINFER_WORKSPACE_BASE', 'XDG_CACHE_HOME', 'CUTE_DSL_ARCH')}))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], env=_env(tmp_path, CUTE_AOT_VIRTUAL="b300"),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["CUTE_DSL_ARCH"] == "sm_103a"  # the profile's, never the DSL's guess
+    folder = Path(seen["FLASHINFER_WORKSPACE_BASE"]).parent
+    assert folder.name.startswith("cute-aot-virtual-") and Path(seen["XDG_CACHE_HOME"]).parent == folder
+    assert not folder.exists()  # removed when the process ended
