@@ -216,35 +216,27 @@ def plan_from_misses(
 
 def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], list[tuple]]:
     """({arch: keys}, [(call site, target, arch, why not)]) of records (runtime/record.py: a
-    file, a folder or a URL prefix), each distinct call once, keys in record order (keys_by_arch
+    file, a folder or a URL prefix), each distinct kernel once, keys in record order (keys_by_arch
     orders them): each replayable call for every architecture asked (default: the one it was
     recorded on). A call recorded with hardware answers is replayed only for the architecture
-    that gave them; one recorded with different answers (on GPUs that differ) is a conflict,
-    named with both records and built from neither."""
-    from cute_aot.kernels.recorded import RecordedCallKey, hardware_answers, read_records
+    that gave them; recorded on GPUs that answer otherwise, it is one kernel per answer (the
+    answers are part of the key id), built side by side."""
+    from cute_aot.kernels.recorded import RecordedCallKey, read_records
 
     wanted = [normalize_arch(arch) for arch in archs]
     plan: dict[str, dict] = {}
     left_out: list[tuple] = []
-    first_seen: dict[str, tuple[str, str]] = {}  # key id -> (its hardware answers, where)
-    conflicts: dict[str, str] = {}  # key id -> why
+    distinct: set[str] = set()
     records = read_records(source)
     files = len({where for where, _ in records})
     console.print(f"records: {len(records)} from {files} file(s) in {source}")
-    for where, record in records:
+    for _, record in records:
         site, target = record.get("site", "?"), record.get("target", "?")
         if not record.get("recreatable") or record.get("servable") is False:
             left_out.append((site, target, record.get("arch") or "-", record.get("reason")))
             continue
         key = RecordedCallKey.from_fields(record["key"])
-        answers = hardware_answers(key)
-        seen = first_seen.setdefault(key.id, (answers, where))
-        if seen[0] != answers and key.id not in conflicts:
-            conflicts[key.id] = (f"recorded with different hardware answers: {seen[0]} in "
-                                 f"{seen[1]}, {answers} in {where}")  # fmt: skip
-            left_out.append((site, target, record.get("arch") or "-", conflicts[key.id]))
-        if key.id in conflicts:
-            continue
+        distinct.add(key.id)
         recorded_arch = normalize_arch(record["arch"]) if record.get("arch") else None
         for arch in wanted or [recorded_arch]:
             if arch is None:
@@ -255,9 +247,6 @@ def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], 
                                  f"for {', '.join(sorted(key.hardware))}: replayable there only"))  # fmt: skip
             else:
                 plan.setdefault(arch, {}).setdefault(key.id, key)
-    for keys in plan.values():
-        for key_id in conflicts:
-            keys.pop(key_id, None)
     if left_out:
         table = Table(title=f"{len(left_out)} recorded call(s) not built", show_lines=False)
         for column in ("call site", "target", "arch", "why"):
@@ -268,7 +257,7 @@ def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], 
     plan = {arch: keys for arch, keys in plan.items() if keys}
     if not plan:
         raise CuteAotError(f"{source}: no recorded call to build")
-    console.print(f"records: {len(first_seen)} distinct call(s)")
+    console.print(f"records: {len(distinct)} distinct kernel(s)")
     return {arch: list(keys.values()) for arch, keys in plan.items()}, left_out
 
 

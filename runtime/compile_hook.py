@@ -213,15 +213,16 @@ def _served(serving, call, why):
     if known is not _hits.MISSING:  # a hit resolved before, in this epoch: nothing to redo
         serving.remembered_hit()
         return known
-    epoch, key = _hits.now(), call.key()
-    function = serving.function(key, arch, {"target": call.target, "site": _call_site()})
-    if function is None:
-        return None
-    unfit = _hardware_differs(key, arch)
+    epoch = _hits.now()
+    key, unfit = _kernel_for_this_gpu(call.key(), arch)
     if unfit:
         if mode is Mode.AOT:
             raise KernelNotFoundError(FAMILY, key.id, arch, [], detail=f"{unfit}; mode aot")
-        warn_once(("hardware", key.id), f"recorded kernel {key.id} not served: {unfit}")
+        warn_once(("hardware", key.id), f"cute.compile of {call.target} not served: {unfit}; "
+                  "compiling it")  # fmt: skip
+        return None
+    function = serving.function(key, arch, {"target": call.target, "site": _call_site()})
+    if function is None:
         return None
     if call.tvm_ffi:
         function = _callable_as_compiled(function, call.signature)
@@ -236,23 +237,37 @@ def _arch(call) -> str:
     return (call.arch if call is not None else None) or current_gpu_arch() or "sm_100a"
 
 
-def _hardware_differs(key, arch: str) -> str | None:
-    """Why a bundle kernel whose trace asked the GPU for values must not run on this GPU."""
+def _kernel_for_this_gpu(key, arch: str):
+    """(the key to serve, why no kernel of the call fits this GPU). The call's own kernel where
+    a bundle holds one: its trace asked the GPU nothing (or the bundle was built before answers
+    were part of the id, and then its answers are checked). Else the kernel of this call whose
+    recorded answers this GPU gives, each asked of it; None of them: why, naming the answers."""
     from cute_aot.kernels.recorded import RecordedCallKey
-    from cute_aot.kernels.recorded.hardware import live_device
+    from cute_aot.kernels.recorded.hardware import differences
     from cute_aot.runtime.registry import REGISTRY
 
-    fields = REGISTRY.entry_key(FAMILY, key.id, arch)
-    if fields is None:
-        return None
-    built = RecordedCallKey.from_fields(fields).replay_data
-    if not built.get("hardware"):
-        return None
-    here = live_device()
-    if built.get("device") != here:
-        return (f"its trace asked the GPU {built.get('device')} for {sorted(built['hardware'])}; "
-                f"this GPU is {here}")  # fmt: skip
-    return None
+    own = REGISTRY.entry_key(FAMILY, key.id, arch)
+    if own is None:
+        REGISTRY.load_from_env()
+        own = REGISTRY.entry_key(FAMILY, key.id, arch)
+    candidates = [own] if own is not None else [
+        fields for fields in REGISTRY.entry_keys(FAMILY, arch) if fields.get("call") == key.call]  # fmt: skip
+    why = None
+    for fields in candidates:
+        built = RecordedCallKey.from_fields(fields)
+        if not built.hardware:
+            return built, None
+        differ = differences(built.replay_data, _device_index())
+        if differ is None:
+            return built, None
+        why = why or f"recorded kernel {built.id}: {differ}"
+    return key, why
+
+
+def _device_index() -> int:
+    import torch
+
+    return torch.cuda.current_device()
 
 
 def _callable_as_compiled(function, spec: dict):

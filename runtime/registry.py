@@ -292,6 +292,15 @@ class Registry:
         entry = bundle.entries.get(key_id) if bundle is not None else None
         return entry.key if entry is not None else None
 
+    def entry_keys(self, family: str, arch: str) -> list[dict]:
+        """The key fields of every loaded kernel of `family` for `arch` (bundles of
+        CUTE_AOT_BUNDLES loaded first)."""
+        self.load_from_env()
+        with self._lock:
+            found = [(bundle, key_id) for (a, f, key_id), bundle in self._index.items()
+                     if a == arch and f == family]  # fmt: skip
+        return [bundle.entries[key_id].key for bundle, key_id in found]
+
     def overlay_function(self, key, arch: str) -> Callable | None:
         """The overlay's function of `key`, None when it holds none. OSError: the overlay
         folder cannot be used (the policy then compiles)."""

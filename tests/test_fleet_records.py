@@ -1,6 +1,6 @@
 """Records from a fleet: CUTE_AOT_RECORD as a file, a folder or a URL prefix (one file per
-process), read back by `aot-build --from-record` each distinct call once, with a call recorded on
-GPUs that answered its hardware queries differently named as a conflict. Real components: moto's
+process), read back by `aot-build --from-record` each distinct kernel once, with a call recorded on
+GPUs that answered its hardware queries differently built once per answer. Real components: moto's
 S3 server on loopback (tests/test_fleet_misses.py's fixtures), real processes and signals.
 """
 
@@ -41,26 +41,28 @@ def _plan(source):
     return plan_from_record(source, (), Console(file=open(os.devnull, "w"), width=200))
 
 
-def test_a_call_recorded_on_gpus_that_answer_differently_is_a_named_conflict(tmp_path):
+def test_a_call_recorded_on_gpus_that_answer_differently_is_one_kernel_per_answer(tmp_path):
+    """The answers are part of the key id: both kernels are planned side by side (one bundle
+    holds both), each distinct kernel once, and a call whose trace asked nothing keeps its id."""
     folder = tmp_path / "records"
     folder.mkdir()
     plain = _record(256)
-    (folder / "h200-1.record.jsonl").write_text(
-        json.dumps(_record(64, H200)) + "\n" + json.dumps(plain) + "\n"
-    )
-    (folder / "h100-2.record.jsonl").write_text(
-        json.dumps(_record(64, H100_PCIE, "other.py:9")) + "\n" + json.dumps(plain) + "\n"
-    )
+    on_h200, on_h100 = _record(64, H200), _record(64, H100_PCIE, "other.py:9")
+    (folder / "h200-1.record.jsonl").write_text(json.dumps(on_h200) + "\n" + json.dumps(plain) + "\n")
+    (folder / "h100-2.record.jsonl").write_text(json.dumps(on_h100) + "\n" + json.dumps(plain) + "\n")
     plan, left_out = _plan(f"{folder}/")
-    assert [key.id for key in plan["sm_90a"]] == [plain["key_id"]]  # each distinct call once
-    (row,) = left_out
-    assert row[0] == "server.py:1"  # files are read in name order: h100-2 first, then h200-1
-    assert "different hardware answers" in row[3]
-    assert "NVIDIA H200" in row[3] and "NVIDIA H100 PCIe" in row[3]
-    assert "h200-1.record.jsonl" in row[3] and "h100-2.record.jsonl" in row[3]
+    assert left_out == []
+    # files are read in name order: h100-2 first, then h200-1
+    assert [key.id for key in plan["sm_90a"]] == [on_h100["key_id"], plain["key_id"],
+                                                 on_h200["key_id"]]  # fmt: skip
+    assert len({on_h100["key_id"], on_h200["key_id"], plain["key_id"]}) == 3
+    from tests.test_recorded_calls import _call
+
+    assert plain["key_id"] == _call(256).key().call_id  # no answers: the call's own id
+    assert on_h200["key_id"] != _call(64).key().call_id
 
 
-def test_one_shared_file_keeps_both_answers_for_the_build_to_name(tmp_path):
+def test_one_shared_file_keeps_each_answer_once(tmp_path):
     from cute_aot.runtime.record import Recorder, _subject
 
     shared = tmp_path / "calls.jsonl"
@@ -68,8 +70,9 @@ def test_one_shared_file_keeps_both_answers_for_the_build_to_name(tmp_path):
         record = _record(64 if device else 256, device)
         Recorder(shared)._append(record, _subject(record))
     lines = [json.loads(line) for line in shared.read_text().splitlines()]
-    assert len(lines) == 3 and len({line["key_id"] for line in lines}) == 2
-    assert _plan(shared)[1][0][3].startswith("recorded with different hardware answers")
+    assert len(lines) == 3 and len({line["key_id"] for line in lines}) == 3
+    plan, left_out = _plan(shared)
+    assert left_out == [] and [k.id for k in plan["sm_90a"]] == [line["key_id"] for line in lines]
 
 
 _WORKER = """

@@ -6,11 +6,15 @@ compile options. That description is this family's key, so the build replays the
 (`aot-build --from-record FILE`, the builder `replay.py`) and the interceptor
 (runtime/compile_hook.py) derives the same key from a live call, without tracing, to serve it.
 
-A key has two parts. `call` is the identity (what changes the binary). `replay` is what the
-build needs besides it and a server checks: example values for the dynamic parts (the shape a
-recorded tensor had, a stream handle) and the hardware queries the trace made, with the values
-of the GPU that recorded them (pinned at build time, compared with the live GPU before a
-recorded kernel serves).
+A key has two parts. `call` is what the caller compiled (what changes the binary, as far as
+the call says). `replay` is what the build needs besides it: example values for the dynamic
+parts (the shape a recorded tensor had, a stream handle) and the hardware queries the trace
+made, with the answers of the GPU that recorded them (pinned at build time). Those answers
+change the binary too, so they are part of the id: the same call recorded on GPUs that answer
+otherwise is two kernels, which one bundle can hold. A server derives the call's own id
+(`call_id`) without tracing; a kernel with answers serves only where the live GPU gives every
+one of them (runtime/compile_hook.py asks it). A call whose trace asked nothing keeps the id it
+always had.
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ class RecordedCallKey(KernelKey):
     """One recorded `cute.compile` call. Its id covers `call` only (see the module docstring)."""
 
     FAMILY = FAMILY
-    # Out of the id: a bundle holds one build per call; the build cache, which keys on every
-    # field, never mixes builds made with other hardware answers.
+    # Out of the id but for its hardware answers (see `id`): example values do not change the
+    # binary; the build cache keys on every field.
     REPLAY_ONLY = ("replay",)
 
     call: str  # canonical JSON: target, source hash, argument types, options
@@ -61,6 +65,16 @@ class RecordedCallKey(KernelKey):
 
     @functools.cached_property
     def id(self) -> str:
+        """The call's id, and the hardware answers its trace used where it asked any."""
+        if not self.hardware:
+            return self.call_id
+        identity = {"family": FAMILY, "call": self.call, "version": self.version,
+                    "hardware": self.hardware}  # fmt: skip
+        return hashlib.sha256(canonical(identity).encode()).hexdigest()[:20]
+
+    @functools.cached_property
+    def call_id(self) -> str:
+        """The id of the call alone: what a server derives from a live call, without tracing."""
         identity = canonical({"family": FAMILY, "call": self.call, "version": self.version})
         return hashlib.sha256(identity.encode()).hexdigest()[:20]
 

@@ -7,14 +7,17 @@ get_device_attribute` (shared memory per SM, asked during a trace with min_block
 Both are patched on their class/module, so code that imported them earlier sees the patch too.
 Values are named `HardwareInfo.<method>(<args>)` and `get_device_attribute(<attr>)`.
 
-A server does not re-run the queries (one of them compiles a probe kernel): a recorded kernel
-whose trace asked any carries the recording GPU's name and SM count, and serves only where the
-live GPU has the same (`live_device`; runtime/compile_hook.py compares them).
+A server asks the live GPU each question a kernel's trace asked (`differences`: once per
+process and question; cutlass is imported already, the caller is in cute.compile) and serves the
+kernel only where every answer is the recorded one. The record also keeps the recording GPU's
+name and SM count (`live_device`), to say where an answer came from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 import threading
 
 HARDWARE_INFO_METHODS = (
@@ -124,3 +127,44 @@ def live_device() -> dict:
 
     properties = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {"name": properties.name, "sm_count": properties.multi_processor_count}
+
+
+_QUERY = re.compile(r"^(HardwareInfo\.(\w+)|get_device_attribute)\(([-0-9,]*)\)$")
+
+
+@functools.cache
+def live_answer(name: str, device_index: int) -> int:
+    """This GPU's answer to a query named as records name them (query_name)."""
+    from cutlass.base_dsl.runtime import cuda as cuda_helpers
+    from cutlass.utils import hardware_info
+
+    match = _QUERY.match(name)
+    if match is None:
+        raise ValueError(f"not a hardware query this cute-aot knows: {name}")
+    args = [int(a) for a in match.group(3).split(",") if a]
+    if match.group(2):
+        if match.group(2) not in HARDWARE_INFO_METHODS:
+            raise ValueError(f"not a hardware query this cute-aot knows: {name}")
+        info = hardware_info.HardwareInfo(device_index)
+        return int(getattr(info, match.group(2))(*args))
+    from cuda.bindings import driver
+
+    return int(cuda_helpers.get_device_attribute(driver.CUdevice_attribute(args[0]), device_index))
+
+
+def differences(replay: dict, device_index: int) -> str | None:
+    """Where this GPU answers a recorded kernel's hardware queries otherwise (None: nowhere),
+    said with the GPU the record was made on."""
+    recorded = replay.get("hardware") or {}
+    differ = []
+    for name, value in sorted(recorded.items()):
+        try:
+            here = live_answer(name, device_index)
+        except Exception as exc:  # a query this GPU (or this cutlass-dsl) cannot answer
+            here = f"no answer ({type(exc).__name__}: {exc})"
+        if here != value:
+            differ.append(f"{name} = {value} there, {here} here")
+    if not differ:
+        return None
+    return (f"its trace was recorded on {replay.get('device') or 'another GPU'}; this GPU "
+            f"({live_device()['name']}) answers otherwise: {'; '.join(differ)}")  # fmt: skip

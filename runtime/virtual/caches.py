@@ -21,6 +21,10 @@ CACHE_VARIABLES = (
     "TORCHINDUCTOR_CACHE_DIR",
     "XDG_CACHE_HOME",  # what the others fall back on (~/.cache)
 )
+# Caches that would hand back a real function: FlashInfer's CuTe DSL disk cache exports what
+# cute.compile returned and loads it again, which a virtual GPU cannot run. Off, so that the
+# workload calls what cute.compile returned (a stub).
+CACHES_OFF = {"FLASHINFER_CUTE_DSL_DISABLE_CACHE": "1"}
 
 
 def isolate() -> str:
@@ -30,5 +34,6 @@ def isolate() -> str:
     folder = tempfile.mkdtemp(prefix=f"cute-aot-virtual-{os.getpid()}-")
     for name in CACHE_VARIABLES:
         os.environ[name] = os.path.join(folder, name.lower())
+    os.environ.update(CACHES_OFF)
     on_exit(lambda: shutil.rmtree(folder, ignore_errors=True))
     return folder

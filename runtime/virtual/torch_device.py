@@ -201,6 +201,8 @@ def _install(profile) -> None:
     torch.Generator = _generator_class()
     if torch.version.cuda is None:  # a CPU build of torch: libraries ask which CUDA it has
         torch.version.cuda = profile.cuda_version
+    if not torch.backends.cuda.is_built():
+        _index_through_meta()
     routing = _routing_mode()
     routing.__enter__()  # this thread, for the life of the process
     _enter_on_every_thread(routing)
@@ -270,6 +272,94 @@ def _routing_mode():
                 raise
 
     return VirtualCuda()
+
+
+def _index_through_meta() -> None:
+    """A CPU build of torch has no CUDA device guard, and Tensor indexing (`x[:1]`, `x[i] = v`)
+    takes one before it dispatches. On such a build a fake CUDA tensor is indexed through a meta
+    twin (same sizes, strides and offset): the result is re-made on the fake tensor, a view where
+    indexing gives a view, and an assignment is checked there (a fake tensor holds no values)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def twin(value):
+        if isinstance(value, (tuple, list)):
+            return type(value)(twin(item) for item in value)
+        if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+            return value
+        extent = 1 + value.storage_offset() + sum((n - 1) * s for n, s in
+                                                  zip(value.shape, value.stride()) if n > 0)  # fmt: skip
+        base = torch.empty(extent, dtype=value.dtype, device="meta")
+        return base.as_strided(value.shape, value.stride(), value.storage_offset())
+
+    def meta_result(index_op, *args):
+        try:
+            return index_op(*args)
+        except (RuntimeError, NotImplementedError) as exc:  # a boolean mask: shape from values
+            raise unanswerable("indexing a CUDA tensor by its values", "a host read of device "
+                               "memory (the result's shape depends on them)") from exc  # fmt: skip
+
+    get_item, set_item = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+    def getitem(self, index):
+        if self.device.type != "cuda":
+            return get_item(self, index)
+        found = meta_result(get_item, twin(self), twin(index))
+        if found._is_view():
+            return torch.as_strided(self, found.shape, found.stride(), found.storage_offset())
+        return torch.empty_strided(found.shape, found.stride(), dtype=found.dtype, device=self.device)
+
+    def setitem(self, index, value):
+        if self.device.type != "cuda":
+            return set_item(self, index, value)
+        meta_result(set_item, twin(self), twin(index), twin(value))
+
+    FakeTensor.__getitem__ = getitem
+    FakeTensor.__setitem__ = setitem
+    # Moving to the GPU takes the guard too: torch.tensor(data, device="cuda"), x.to("cuda"),
+    # x.cuda() are made on the CPU, then as a fake CUDA tensor of the same layout.
+    for name in ("tensor", "as_tensor"):
+        setattr(torch, name, _made_on_cpu(getattr(torch, name)))
+    to, cuda = torch.Tensor.to, torch.Tensor.cuda
+
+    def moved(self, *args, **kwargs):
+        device, dtype = _target_of_to(args, kwargs)
+        if device is None or device.type != "cuda":
+            return to(self, *args, **kwargs)
+        if self.device.type == "cuda":
+            return self if dtype in (None, self.dtype) else to(self, dtype)
+        return torch.empty_like(self, dtype=dtype or self.dtype, device=device)
+
+    torch.Tensor.to = moved
+    torch.Tensor.cuda = lambda self, device=None, *args, **kwargs: moved(self, "cuda")
+    torch.Tensor.cuda.__wrapped__ = cuda
+
+
+def _target_of_to(args, kwargs):
+    """(device, dtype) a Tensor.to call asks for (None where it does not say)."""
+    import torch
+
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            device, dtype = arg.device, arg.dtype
+        elif isinstance(arg, torch.dtype):
+            dtype = arg
+        elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
+            device = arg
+    return (torch.device(device) if device is not None else None), dtype
+
+
+def _made_on_cpu(make):
+    import torch
+
+    def made(*args, device=None, **kwargs):
+        if device is None or torch.device(device).type != "cuda":
+            return make(*args, device=device, **kwargs)
+        return torch.empty_like(make(*args, **kwargs), device=device)  # fake: layout, no values
+
+    made.__wrapped__ = make
+    return made
 
 
 def _reads_values(exc: Exception) -> bool:
