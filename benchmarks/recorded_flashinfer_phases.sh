@@ -4,6 +4,8 @@
 #   record  FlashInfer JIT-compiles as usual; CUTE_AOT_RECORD=<out>/records/ (one file per process)
 #   build   aot-build --from-record on this host's CPUs, the GPU hidden (a GPU-less build)
 #   aot     CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot: every kernel served from the bundle
+#   virtual the record step with no GPU: CUTE_AOT_VIRTUAL=${VIRTUAL:-h200} (runtime/virtual);
+#           build it with FROM=<out>/virtual-records/, serve another bundle with BUNDLES=<dir>
 # and the baselines for readiness: FlashInfer as it starts cold by default (JIT, each kernel then
 # persisted to its disk cache), and FlashInfer started again on that warm disk cache.
 # Each phase writes <out>/<phase>.json and, through CUTE_AOT_REPORT, <out>/<phase>.report.json.
@@ -18,9 +20,12 @@ for phase in "$@"; do
   case "$phase" in
     record) CUTE_AOT_RECORD="$out/records/" CUTE_AOT_REPORT="$out/record.report.json" \
               "${bench[@]}" run --phase record --out "$out/record.json" ;;
-    build) time CUDA_VISIBLE_DEVICES= python3 -m cute_aot.aot.cli --from-record "$out/records/" \
+    virtual) time CUTE_AOT_VIRTUAL="${VIRTUAL:-h200}" CUTE_AOT_RECORD="$out/virtual-records/" \
+               CUTE_AOT_REPORT="$out/virtual.report.json" "${bench[@]}" run --phase record \
+               --out "$out/virtual.json" ;;
+    build) time CUDA_VISIBLE_DEVICES= python3 -m cute_aot.aot.cli --from-record "${FROM:-$out/records/}" \
               --arch sm90a --out "$out/bundles" --name recorded --no-cache --quiet ;;
-    aot) CUTE_AOT_BUNDLES="$out/bundles" CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot \
+    aot) CUTE_AOT_BUNDLES="${BUNDLES:-$out/bundles}" CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot \
            CUTE_AOT_REPORT="$out/aot.report.json" "${bench[@]}" run --phase aot --out "$out/aot.json" ;;
     jit) CUTE_AOT_REPORT="$out/jit.report.json" "${bench[@]}" run --phase jit --keep-disk-cache \
            --out "$out/jit.json" ;;

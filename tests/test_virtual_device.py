@@ -27,7 +27,8 @@ H200_RECORD = REPO / "tests" / "data" / "scale_h200.record.jsonl"
 
 def _env(tmp_path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
-    env.update(PYTHONPATH=str(REPO), CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"), **extra)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env.update(PYTHONPATH=path, CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"), **extra)
     return env
 
 

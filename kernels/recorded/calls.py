@@ -21,6 +21,7 @@ NotRecreatable with the reason, which records and builds list with the call site
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import inspect
@@ -307,6 +308,7 @@ class _Describer:
 
     def __init__(self):
         self.symbols: dict[int, int] = {}
+        self.describing: set[int] = set()  # objects whose state is being described (cycles)
 
     def argument(self, value, constant: bool, where: str):
         cutlass, cute_runtime = _dsl()
@@ -332,10 +334,16 @@ class _Describer:
         if isinstance(value, (tuple, list)) and constant:
             items = [self.argument(item, True, f"{where}[{i}]")[0] for i, item in enumerate(value)]
             return {"tuple": items}, None
+        if isinstance(value, enum.Enum) and constant:  # by name: its class holds the rest
+            return {"enum": _qualified(type(value)), "name": value.name}, None
         if constant and hasattr(value, "__dict__") and not inspect.isroutine(value):
+            if id(value) in self.describing:
+                raise NotRecreatable(f"{where}: refers to itself, which records cannot hold")
+            self.describing.add(id(value))
             state = {}
             for attr, item in sorted(vars(value).items()):
                 state[attr] = self.argument(item, True, f"{where}.{attr}")[0]
+            self.describing.discard(id(value))
             return {"object": _qualified(type(value)), "state": state}, None
         raise NotRecreatable(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
                              "cannot be described as data")  # fmt: skip

@@ -99,6 +99,8 @@ def rebuild(described: dict, example, symbols: dict):
         return described["value"] if "value" in described else example
     if "tuple" in described:
         return tuple(rebuild(item, None, symbols) for item in described["tuple"])
+    if "enum" in described:
+        return getattr(import_target(described["enum"]), described["name"])
     if "object" in described:
         owner = import_target(described["object"])
         rebuilt = owner.__new__(owner)

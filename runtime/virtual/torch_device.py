@@ -113,6 +113,17 @@ class Event:
                            "a timing would be invented")  # fmt: skip
 
 
+class MemPool:
+    """A memory pool of the virtual GPU: fake tensors take nothing from it."""
+
+    def __init__(self, allocator=None, *args, **kwargs):
+        self.allocator = allocator
+
+    @property
+    def id(self):
+        return (0, id(self))
+
+
 _default_stream = None
 _current = threading.local()  # the stream `torch.cuda.stream(s)` made current, per thread
 
@@ -143,6 +154,10 @@ def _answers(profile) -> dict:
             yield stream
         finally:
             _current.stream = saved
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool, device=None):  # fake tensors take no memory from any pool
+        yield
 
     def mem_get_info(device=None):
         if profile.total_memory is None:
@@ -175,6 +190,8 @@ def _answers(profile) -> dict:
         "Stream": Stream,
         "Event": Event,
         "mem_get_info": mem_get_info,
+        "MemPool": MemPool,
+        "use_mem_pool": use_mem_pool,
         "empty_cache": nothing(),
         "manual_seed": nothing(),
         "manual_seed_all": nothing(),
@@ -198,6 +215,11 @@ def _install(profile) -> None:
 
     for name, answer in _answers(profile).items():
         setattr(torch.cuda, name, answer)
+    # torch's own C entry points that libraries call directly (a CPU build has none of them)
+    current = torch.cuda.current_stream
+    torch._C._cuda_getCurrentRawStream = lambda device=0: current().cuda_stream
+    torch._C._cuda_getDevice = lambda: 0
+    torch._C._cuda_getDeviceCount = lambda: 1
     torch.Generator = _generator_class()
     if torch.version.cuda is None:  # a CPU build of torch: libraries ask which CUDA it has
         torch.version.cuda = profile.cuda_version
