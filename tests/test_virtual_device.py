@@ -59,6 +59,7 @@ def _needs_the_dsl_and_torch():
 def test_every_profile_value_names_its_source_and_its_capability_is_its_arch():
     for name, profile in gpu_profiles.profiles().items():
         answers = {*profile.attributes, "name", "driver_version",
+                   *(["total_memory"] if profile.total_memory is not None else []),
                    *(f"max_active_clusters({size})" for size in profile.max_active_clusters)}  # fmt: skip
         assert set(profile.sources) == answers, name
         assert all(source.strip() for source in profile.sources.values()), name

@@ -317,6 +317,9 @@ class _Describer:
             return self._dlpack_tensor(value)
         if isinstance(value, cute_runtime._FakeTensor):
             return self._fake_tensor(value), None
+        if isinstance(value, cute_runtime._Pointer):  # make_ptr: its address is a value
+            return {"pointer": {"dtype": value._dtype.__name__, "memspace": value._addr_space.name,
+                                "align": value._assumed_align}}, int(value._pointer)  # fmt: skip
         if _is_stream(value):
             return self._stream(value)
         if type(value).__name__ == "SymInt":

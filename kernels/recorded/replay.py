@@ -99,6 +99,11 @@ def rebuild(described: dict, example, symbols: dict):
         return described["value"] if "value" in described else example
     if "tuple" in described:
         return tuple(rebuild(item, None, symbols) for item in described["tuple"])
+    if "pointer" in described:
+        pointer = described["pointer"]
+        return cute_runtime.make_ptr(getattr(cutlass, pointer["dtype"]), example,
+                                     getattr(cute.AddressSpace, pointer["memspace"]),
+                                     pointer["align"])  # fmt: skip
     if "enum" in described:
         return getattr(import_target(described["enum"]), described["name"])
     if "object" in described:

@@ -84,7 +84,7 @@ def compiled(call, function):
     with _lock:
         _calls += 1
         target = call.target if call is not None else getattr(function, "__name__", "?")
-        _compiles[target].add(call.identity_json if call is not None else id(function))
+        _compiles[target].add(call.key().id if call is not None else id(function))
     return LaunchesNothing(function)
 
 
