@@ -85,6 +85,10 @@ def compiled(call, function):
         _calls += 1
         target = call.target if call is not None else getattr(function, "__name__", "?")
         _compiles[target].add(call.key().id if call is not None else id(function))
+        kernels = sum(len(calls) for calls in _compiles.values())
+    if sys.stderr.isatty():  # a progress line where someone watches
+        print(f"\rcute-aot virtual {_profile.name}: {kernels} kernels, last {target}"[:120].ljust(120),
+              end="", file=sys.stderr, flush=True)  # fmt: skip
     return LaunchesNothing(function)
 
 
@@ -147,6 +151,8 @@ def summary() -> dict:
 
 def _say_summary() -> None:
     found = summary()
+    if sys.stderr.isatty() and found["cute_compile_calls"]:
+        print(file=sys.stderr)  # past the progress line
     profile = found["profile"]
     lines = [f"cute-aot virtual {profile['profile']} ({profile['arch']}), pid {os.getpid()}: "
              f"{found['cute_compile_calls']} cute.compile calls, {found['kernels']} kernels of "

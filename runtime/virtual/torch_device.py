@@ -220,6 +220,10 @@ def _install(profile) -> None:
     torch._C._cuda_getCurrentRawStream = lambda device=0: current().cuda_stream
     torch._C._cuda_getDevice = lambda: 0
     torch._C._cuda_getDeviceCount = lambda: 1
+    # NVTX ranges mark a profiler's timeline: nothing runs, nothing to mark
+    for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
+        setattr(torch.cuda.nvtx, name, lambda *args, **kwargs: 0)
+    torch.cuda.nvtx.range = contextlib.contextmanager(lambda *args, **kwargs: (yield))
     torch.Generator = _generator_class()
     if torch.version.cuda is None:  # a CPU build of torch: libraries ask which CUDA it has
         torch.version.cuda = profile.cuda_version
@@ -280,6 +284,8 @@ def _routing_mode():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if kwargs.get("pin_memory"):  # host memory the GPU could read: plain memory will do
+                kwargs = {**kwargs, "pin_memory": False}
             if not touches_cuda(args, kwargs):
                 return func(*args, **kwargs)
             try:
