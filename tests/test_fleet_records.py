@@ -124,3 +124,18 @@ def test_an_unreachable_store_never_slows_a_record(tmp_path, aws_env):  # noqa: 
     started = time.perf_counter()
     recorder.add(call, None, {}, None, "server.py:1")
     assert time.perf_counter() - started < 0.5  # into memory; the store is the writer's problem
+
+
+def test_the_id_covers_the_hardware_answers_and_nothing_else_of_the_replay_data():
+    from cute_aot.kernels.recorded import RecordedCallKey
+    from tests.test_recorded_calls import _call
+
+    plain = _call(64).key()
+    replay = json.loads(plain.replay)
+    other_examples = RecordedCallKey(plain.call, json.dumps({**replay, "examples": [1, 2]}))
+    answered = _call(64).key({SM_COUNT: 132}, H200)
+    same_answers_other_gpu = _call(64).key({SM_COUNT: 132}, {"name": "NVIDIA H100", "sm_count": 132})
+    assert other_examples.id == plain.id == plain.call_id
+    assert answered.id != plain.id and answered.call_id == plain.id
+    assert same_answers_other_gpu.id == answered.id  # the answers identify it, not the GPU's name
+    assert _call(64).key({SM_COUNT: 114}, H100_PCIE).id not in (answered.id, plain.id)

@@ -55,8 +55,8 @@ class RecordedCallKey(KernelKey):
     """One recorded `cute.compile` call. Its id covers `call` only (see the module docstring)."""
 
     FAMILY = FAMILY
-    # Out of the id but for its hardware answers (see `id`): example values do not change the
-    # binary; the build cache keys on every field.
+    # Out of the id but for the hardware answers it holds (see `id`): example values do not
+    # change the binary; the build cache keys on every field.
     REPLAY_ONLY = ("replay",)
 
     call: str  # canonical JSON: target, source hash, argument types, options
@@ -96,9 +96,15 @@ class RecordedCallKey(KernelKey):
             return "tvm_ffi"
         return "c" if isinstance(call, dict) and not asks_tvm_ffi(call) else "tvm_ffi"
 
-    @property
+    @functools.cached_property
     def hardware(self) -> dict:
-        return self.replay_data.get("hardware") or {}
+        """The answers the trace got from the GPU ({} where the replay data holds none, or is
+        not a record's)."""
+        try:
+            replay = self.replay_data
+        except ValueError:
+            return {}
+        return (replay.get("hardware") or {}) if isinstance(replay, dict) else {}
 
     @property
     def target(self) -> str:
