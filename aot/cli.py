@@ -44,7 +44,7 @@ from cute_aot.aot.compile_pool import default_jobs
 from cute_aot.aot.report import print_summary, report_path, write_report
 from cute_aot.aot.shard import Shard
 from cute_aot.aot.wheel import write_wheels
-from cute_aot.artifacts import settings, signing
+from cute_aot.artifacts import settings, signing, terminal
 from cute_aot.artifacts.errors import CuteAotError, KeyFileError, TableError
 from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
@@ -402,7 +402,7 @@ def output_options(command):
 
 
 def _console() -> Console:
-    return Console(stderr=True, soft_wrap=True)
+    return terminal.console(stderr=True)
 
 
 class Stopped(KeyboardInterrupt):
@@ -929,7 +929,7 @@ def wheel_command(bundles, out_dir, name, version):
 def models_command(configs):
     """List the model presets (`--model NAME`) and what local config.json files map to: per
     installed kernel family, the shapes it builds for the model and how many keys they make."""
-    console = Console(soft_wrap=True)
+    console = terminal.console()
     try:
         chosen = list(model_shapes.PRESETS.values())
         chosen += [model_shapes.model_from_config(path) for path in configs]

@@ -120,6 +120,22 @@ def test_ls_lists_bundles_with_their_facts(bundles):
     assert "sm_90a" in table and "router_gemm v1" in table and "tvm-ffi" in table
 
 
+def test_ls_in_a_pipe_keeps_every_path_whole(bundles, tmp_path):
+    """Where release pipelines read it (stdout not a terminal: a pipe, a CI log), a long path
+    stays on one row instead of folding into fragments at 80 columns."""
+    _, by_arch = bundles
+    deep = tmp_path / ("a-folder-name-long-enough-to-fold-" * 3) / "release-2026-12-04"
+    deep.mkdir(parents=True)
+    target = deep / by_arch["sm_90a"].name
+    shutil.copy(by_arch["sm_90a"], target)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run([sys.executable, "-m", "cute_aot.runtime.aot_cache.cli", "ls", str(target)],
+                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    (row,) = [line for line in piped.stdout.splitlines() if str(target) in line]
+    assert "sm_90a" in row
+
+
 def test_ls_creates_no_overlay_key(bundles, tmp_path, monkeypatch):
     """Listing reads; with an empty overlay it fingerprints nothing, so the overlay's signing
     key (made on first use by a JIT publish) is not created as a side effect of `ls`."""

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from cute_aot.artifacts import toolchain
+from cute_aot.artifacts import terminal, toolchain
 
 STATUS_STYLES = {"ok": "green", "fail": "bold red", "skip": "dim", "warn": "yellow"}
 SOURCE_STYLES = {"bundle": "green", "overlay": "cyan", "jit": "yellow", "error": "bold red"}
@@ -17,7 +17,7 @@ SOURCE_STYLES = {"bundle": "green", "overlay": "cyan", "jit": "yellow", "error":
 
 def make_console() -> Console:
     # No markup: paths, keys and SASS hold [brackets] that must print as they are.
-    return Console(markup=False, highlight=False)
+    return terminal.console(markup=False)
 
 
 def emit_json(data) -> None:

@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cute_aot.aot import models as model_shapes
-from cute_aot.artifacts import PACKAGE_VERSION, settings
+from cute_aot.artifacts import PACKAGE_VERSION, settings, terminal
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.kernels import KernelFamily, family
 from cute_aot.kernels.arch import normalize_arch
@@ -345,7 +345,7 @@ def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results
          base_path, where_texts):
     """Measure a family's tactics on this GPU and write the winners as a dispatch table."""
     click.get_current_context().with_resource(settings.tool_process())  # never recorded, served
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True)
     try:
         found = family(family_name)
         shapes = _parse_shapes(found, shape_texts)
