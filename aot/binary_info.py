@@ -20,6 +20,7 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import BinaryInspectionError, ToolNotFoundError
 from cute_aot.artifacts.fatbin import fatbin_sm_numbers, object_fatbin
 
@@ -42,7 +43,7 @@ def find_tool(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    cuda_home = settings.cuda_home()
     candidate = Path(cuda_home, "bin", name) if cuda_home else None
     return str(candidate) if candidate and os.access(candidate, os.X_OK) else None
 

@@ -23,18 +23,17 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cute_aot.artifacts import PACKAGE_VERSION, signing, toolchain
+from cute_aot.artifacts import PACKAGE_VERSION, settings, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.bundle import sha256_file
-from cute_aot.artifacts.cache_dirs import cache_dir
 from cute_aot.artifacts.errors import SignatureError
 from cute_aot.artifacts.fingerprints import module_sources_digest, packer_code_digest
+from cute_aot.artifacts.settings import cache_dir
 from cute_aot.kernels import family_facts, source_hash
 
 if TYPE_CHECKING:
@@ -98,7 +97,7 @@ def packer_fingerprint() -> dict:
 
     from cute_aot.aot.link import link_inputs
 
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = settings.c_compiler()
     return {
         "code": packer_code_digest(),  # format version, packer modules, linked-in data files
         "link_inputs": {name: sha256_file(path)[0] for name, path in sorted(link_inputs().items())},

@@ -10,12 +10,11 @@ lives in the 43 MB libcute_dsl_runtime.so, and the ops' C hit path (shape_dispat
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from importlib import metadata, resources
 from pathlib import Path
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.atomic import scratch_folder
 from cute_aot.artifacts.errors import BuildError
 
@@ -60,7 +59,7 @@ def link_library(
 ) -> bytes:
     """Link `objects` (in the given order); returns the library's bytes, also written to
     `output` if given. `c_abi_symbols`: the keys exported with the DSL's C ABI."""
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = settings.c_compiler()
     if not compiler:
         raise BuildError("linking needs a C compiler (gcc or cc, or set CC)")
     inputs = link_inputs()

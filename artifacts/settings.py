@@ -89,13 +89,17 @@ SETTINGS: tuple[Setting, ...] = (
 ACTIVATING: tuple[Setting, ...] = (RECORD, INTERCEPT, REPORT, VIRTUAL)
 
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*\Z")
 _URL_HOST = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*\Z")
 _PORT_REST = re.compile(r"^[0-9]+(?:/|\Z)")
 
 
-def _flag(setting: Setting) -> bool:
-    return (setting.raw() or "").strip().lower() in _TRUE
+def _flag(setting: Setting, unrecognized: bool = False) -> bool:
+    """The one boolean grammar: 1/true/yes/on, 0/false/no/off (or unset); anything else is
+    `unrecognized` (True for a setting a typo must not turn off)."""
+    value = (setting.raw() or "").strip().lower()
+    return True if value in _TRUE else False if value in _FALSE else unrecognized
 
 
 def bundle_sources() -> list[str]:
@@ -144,7 +148,7 @@ def trusted_keys_spec() -> str:
 
 def signature_required() -> bool:
     """Anything but unset, '', 0, false, no or off requires one (a typo must not turn it off)."""
-    return (REQUIRE_SIGNATURE.raw() or "").strip().lower() not in ("", "0", "false", "no", "off")
+    return _flag(REQUIRE_SIGNATURE, unrecognized=True)
 
 
 def overlay_key() -> Path:
@@ -202,6 +206,37 @@ def activating() -> list[str]:
 
 def intercept() -> bool:
     return _flag(INTERCEPT)
+
+
+# -- variables of other programs that cute-aot reads (here too, so that no module reads the
+#    environment on its own) --------------------------------------------------------------------
+def c_compiler() -> str | None:
+    """The C compiler that links bundles: $CC, else gcc, else cc on PATH."""
+    import shutil
+
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def cuda_home() -> str | None:
+    """The CUDA toolkit folder ($CUDA_HOME, else $CUDA_PATH), where cuobjdump and nvdisasm are
+    looked for last."""
+    return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+
+
+def library_path() -> list[str]:
+    """$LD_LIBRARY_PATH's folders, in order."""
+    return [part for part in os.environ.get("LD_LIBRARY_PATH", "").split(":") if part]
+
+
+def terminal_columns() -> str | None:
+    """$COLUMNS, where the user fixed the width tools print at."""
+    return os.environ.get("COLUMNS") or None
+
+
+def environment(names) -> dict[str, str]:
+    """name -> value of each of `names` that is set and not empty (the DSL's code-changing
+    variables a record keeps; what `aot-cache env` shows)."""
+    return {name: os.environ[name] for name in names if os.environ.get(name)}
 
 
 def current() -> dict[str, str | None]:

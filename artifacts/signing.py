@@ -38,8 +38,6 @@ if TYPE_CHECKING:  # `cryptography` is imported only where a key or signature is
     )
 
 ALGORITHM = "ed25519"
-TRUSTED_KEYS_ENV = settings.TRUSTED_KEYS.name
-REQUIRE_SIGNATURE_ENV = settings.REQUIRE_SIGNATURE.name
 # Binds a signature to its purpose: these bytes can never be mistaken for another signed message.
 DOMAIN = b"cute-aot bundle manifest\0"
 CACHE_RECORD_DOMAIN = b"cute-aot build cache record\0"
@@ -135,7 +133,7 @@ def trusted_keys(spec: str | None = None) -> dict[str, TrustedKey]:
     keys: dict[str, TrustedKey] = {}
     for part in filter(None, spec.split(os.pathsep)):
         if not os.path.exists(part):
-            raise KeyFileError(part, f"named in {TRUSTED_KEYS_ENV} but does not exist")
+            raise KeyFileError(part, f"named in {settings.TRUSTED_KEYS.name} but does not exist")
         for key in load_public_keys(part):
             keys.setdefault(key.key_id, key)
     return keys
@@ -164,7 +162,7 @@ def verify_record(
     path="<manifest>",
     *,
     what: str = "bundle",
-    trust_source: str = TRUSTED_KEYS_ENV,
+    trust_source: str = settings.TRUSTED_KEYS.name,
 ) -> TrustedKey:
     """The trusted key whose signature `record` is over `message`; SignatureError if the record
     is missing, malformed, by a key not in `trusted` (said to come from `trust_source`), or

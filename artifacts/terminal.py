@@ -8,10 +8,11 @@ COLUMNS, where set, still decides.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from rich.console import Console
+
+from cute_aot.artifacts import settings
 
 PIPE_WIDTH = 10_000  # wider than any row a tool prints
 
@@ -20,6 +21,6 @@ def console(*, stderr: bool = False, markup: bool = True) -> Console:
     """A console on stdout (or stderr). markup=False for text that holds [brackets] (paths,
     keys, SASS) and must print as it is."""
     stream = sys.stderr if stderr else sys.stdout
-    piped = not stream.isatty() and not os.environ.get("COLUMNS")
+    piped = not stream.isatty() and not settings.terminal_columns()
     return Console(stderr=stderr, markup=markup, highlight=markup, soft_wrap=True,
                    width=PIPE_WIDTH if piped else None)  # fmt: skip

@@ -115,7 +115,7 @@ def record(out_path):
                 row["raised_at"] = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
                 break
         after = virtual.summary()
-        row["compiles"] = after["cute_compile_calls"] - before["cute_compile_calls"]
+        row["compiles"] = after["compile_calls"] - before["compile_calls"]
         records = [json.loads(line) for path in folder.glob(f"*-{os.getpid()}.record.jsonl")
                    for line in path.read_text().splitlines()]  # fmt: skip
         mine, seen = records[seen:], len(records)

@@ -21,10 +21,10 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import SHA256_RE
 from cute_aot.artifacts.errors import BundleFormatError
-from cute_aot.runtime import paths
 from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.private_files import private_descriptor, private_folders
 
@@ -186,13 +186,13 @@ _failed: dict[str, str] = {}  # cache dir -> why its folder store was given up i
 
 def store() -> LibraryStore:
     """The folder store of the current cache dir, or the memory store once that one failed."""
-    root = paths.cache_dir()
+    root = settings.cache_dir()
     return _memory if str(root) in _failed else FolderStore(root)
 
 
 def give_up_folder(error: OSError) -> LibraryStore:
     """The folder store failed (unwritable, full, not private): memory from now on, said once."""
-    root = paths.cache_dir()
+    root = settings.cache_dir()
     _failed[str(root)] = error.strerror or str(error)
     warn_once(
         ("cache-unusable", str(root)),

@@ -51,7 +51,7 @@ from cute_aot.artifacts.verify import (
 )
 from cute_aot.kernels import installed_family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
-from cute_aot.runtime import device, library_store, paths
+from cute_aot.runtime import device, library_store
 from cute_aot.runtime.notices import warn_once
 
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
@@ -63,7 +63,6 @@ _loaded: dict[tuple[str, str], tuple[Any, str, DynamicInfo, int]] = {}
 _loaded_lock = threading.Lock()
 # "1": verify every bundle's library in full on every load (audits; the cold-start benchmark's
 # "before"), instead of trusting the private copy verified when it was extracted.
-REVERIFY_ENV = settings.REVERIFY.name
 # The one exported function of a bundle library besides its kernels: the ops' C hit path.
 SHAPE_DISPATCH_FUNCTION = "cute_aot_dispatch_new"
 
@@ -180,12 +179,12 @@ def check_trust(path: Path, manifest: Manifest) -> signing.TrustedKey | None:
         warn_once(
             ("untrusted-signer", signing.signer_key_id(manifest)),
             f"{path}: signed by {signing.ALGORITHM} key {signing.signer_key_id(manifest)}, which "
-            f"is not in {signing.TRUSTED_KEYS_ENV}; loading it as an unsigned bundle",
+            f"is not in {settings.TRUSTED_KEYS.name}; loading it as an unsigned bundle",
         )
         return None
     if manifest.signature is None:
         raise SignatureError(
-            path, f"bundle is not signed and {signing.REQUIRE_SIGNATURE_ENV} is set"
+            path, f"bundle is not signed and {settings.REQUIRE_SIGNATURE.name} is set"
         )
     return signing.verify_signature(manifest, trusted, path)
 
@@ -218,7 +217,7 @@ def _ld_so_conf_dirs(conf: Path, depth: int = 0) -> list[Path]:
 
 def library_search_dirs() -> list[Path]:
     """Where the system loader looks for a library by name: LD_LIBRARY_PATH, ld.so.conf, defaults."""
-    env = [Path(part) for part in os.environ.get("LD_LIBRARY_PATH", "").split(":") if part]
+    env = [Path(part) for part in settings.library_path()]
     multiarch = f"{host_machine()}-linux-gnu"
     defaults = [Path(d) for d in ("/lib", "/usr/lib", "/lib64", "/usr/lib64")]
     defaults += [Path("/lib") / multiarch, Path("/usr/lib") / multiarch]
@@ -352,7 +351,7 @@ def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
     manifest = read_manifest(path)  # header, manifest hash, schema and field formats
     signer = check_manifest(path, manifest, gpu_arch, accept, trust)
     check_entries(path, manifest, installed_key_class, derive_keys=False)
-    slot = (manifest.library["sha256"], str(paths.cache_dir()))
+    slot = (manifest.library["sha256"], str(settings.cache_dir()))
     with _loaded_lock:
         loaded = _loaded.get(slot)
         if loaded is not None:
@@ -422,7 +421,7 @@ def _dlopen_descriptor(path: Path, fd: int):
 
 def _load_library(path: Path, library: bytes, sha256: str, dynamic: DynamicInfo):
     """Load the verified library once per process and cache dir; returns its _loaded row."""
-    slot = (sha256, str(paths.cache_dir()))
+    slot = (sha256, str(settings.cache_dir()))
     with _loaded_lock:
         if slot not in _loaded:
             _loaded[slot] = _load_new_library(path, library, sha256, dynamic)

@@ -28,9 +28,8 @@ from cute_aot.artifacts.miss_log import read_misses
 from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.process_files import append_line, host, is_prefix, process_file
 
-__all__ = ["MISS_LOG_ENV", "miss_log_path", "read_misses", "record_miss"]
+__all__ = ["miss_log_path", "read_misses", "record_miss"]
 
-MISS_LOG_ENV = settings.MISS_LOG.name
 _recorded: set[tuple[str, str, str, str]] = set()  # (log, family, key id, arch) said already
 _lock = threading.Lock()
 

@@ -19,7 +19,6 @@ from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.runtime import epoch
 
-MODE_ENV = settings.MODE.name
 
 
 class Mode(str, enum.Enum):

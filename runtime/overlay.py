@@ -27,18 +27,16 @@ from cute_aot.artifacts.errors import BundleError, SignatureError
 from cute_aot.artifacts.fingerprints import packer_code_digest
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import family_facts
-from cute_aot.runtime import paths
 from cute_aot.runtime.private_files import private_file
 
 REFUSED_MARK = ".refused-"  # <entry>.refused-<random>: set aside, for gc
 # The private key overlay entries are signed with. Default: a per-user key made on first use in
 # the cache dir (mode 0600). Servers that share one overlay folder share one key here, and
 # trust its public key through CUTE_AOT_TRUSTED_KEYS.
-OVERLAY_KEY_ENV = settings.OVERLAY_KEY.name
 
 
 def overlay_root() -> Path:
-    return paths.cache_dir() / "overlay"
+    return settings.cache_dir() / "overlay"
 
 
 def fingerprint(family: str) -> str:
@@ -145,7 +143,7 @@ def check_trust(path: Path, manifest: Manifest) -> signing.TrustedKey | None:
         return signing.verify_signature(manifest, trusted_keys(), path)
     if signing.signature_required():
         raise SignatureError(
-            path, f"unsigned overlay entry and {signing.REQUIRE_SIGNATURE_ENV} is set"
+            path, f"unsigned overlay entry and {settings.REQUIRE_SIGNATURE.name} is set"
         )
     if not private_file(path, overlay_root()):
         raise SignatureError(

@@ -1,23 +1,14 @@
-"""Bundle folders and the per-machine cache dir (the search order itself: runtime/sources.py)."""
+"""Bundle folders (the search order itself: runtime/sources.py; the cache folder's one rule:
+artifacts/settings.cache_dir)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from cute_aot.artifacts import settings
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 
-# The cache folder's rule is shared with the build cache (aot/), so it lives in artifacts.
-from cute_aot.artifacts.cache_dirs import CACHE_DIR_ENV, cache_dir
+__all__ = ["expand_bundle_paths"]
 
-__all__ = [
-    "BUNDLES_ENV",
-    "CACHE_DIR_ENV",
-    "cache_dir",
-    "expand_bundle_paths",
-]
-
-BUNDLES_ENV = settings.BUNDLES.name
 
 
 def expand_bundle_paths(paths: list[Path]) -> list[Path]:

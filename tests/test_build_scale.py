@@ -351,7 +351,7 @@ def test_cache_digest_changes_with_what_changes_the_object(tmp_path):
 
 
 def test_default_cache_root_follows_the_runtime_cache_dir(monkeypatch, tmp_path):
-    from cute_aot.runtime.paths import cache_dir
+    from cute_aot.artifacts.settings import cache_dir
 
     monkeypatch.delenv("CUTE_AOT_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from cute_aot import kernels
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, overlay
@@ -184,7 +185,7 @@ def test_an_overlay_entry_signed_by_another_key_is_refused(fresh_runtime, monkey
     from cute_aot.artifacts.errors import SignatureError
 
     path, manifest = _entry(fresh_runtime, sign=True)
-    monkeypatch.setenv(overlay.OVERLAY_KEY_ENV, str(tmp_path / "another-hosts-key.pem"))
+    monkeypatch.setenv(settings.OVERLAY_KEY.name, str(tmp_path / "another-hosts-key.pem"))
     overlay._signing_key.cache_clear()
     try:
         with pytest.raises(SignatureError, match="not trusted"):

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cute_aot.artifacts import bundle as bundle_format
-from cute_aot.artifacts import signing
+from cute_aot.artifacts import settings, signing
 from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
 from cute_aot.artifacts.elf import read_dynamic
 from cute_aot.artifacts.errors import (
@@ -128,8 +128,8 @@ def no_dlopen(monkeypatch):
 
 @pytest.fixture
 def trust_env(monkeypatch):
-    monkeypatch.delenv(signing.TRUSTED_KEYS_ENV, raising=False)
-    monkeypatch.delenv(signing.REQUIRE_SIGNATURE_ENV, raising=False)
+    monkeypatch.delenv(settings.TRUSTED_KEYS.name, raising=False)
+    monkeypatch.delenv(settings.REQUIRE_SIGNATURE.name, raising=False)
     return monkeypatch
 
 
@@ -256,8 +256,8 @@ def _signed(good: Good, key: Ed25519PrivateKey, **changes) -> bytes:
 
 
 def _require(monkeypatch, keys: Keys, trusted: Path | None = None) -> None:
-    monkeypatch.setenv(signing.REQUIRE_SIGNATURE_ENV, "1")
-    monkeypatch.setenv(signing.TRUSTED_KEYS_ENV, str(trusted or keys.release_pub))
+    monkeypatch.setenv(settings.REQUIRE_SIGNATURE.name, "1")
+    monkeypatch.setenv(settings.TRUSTED_KEYS.name, str(trusted or keys.release_pub))
 
 
 def _other_key(good: Good):
@@ -566,7 +566,7 @@ MATRIX: dict[str, Case] = {
     ),
     "signed, then tampered": Case(
         lambda t, g, k, m: (
-            m.setenv(signing.TRUSTED_KEYS_ENV, str(k.release_pub))
+            m.setenv(settings.TRUSTED_KEYS.name, str(k.release_pub))
             or _signed(g, k.release, bundle_version="9.9.9")
         ),
         SignatureError,
@@ -850,8 +850,8 @@ def test_sign_and_verify(good, keys, tmp_path, trust_env, fresh_runtime):
     )
     assert "NOT VERIFIED" in signing.describe_signature(signed, {})
     assert signing.describe_signature(good.manifest, trusted) is None
-    trust_env.setenv(signing.REQUIRE_SIGNATURE_ENV, "1")
-    trust_env.setenv(signing.TRUSTED_KEYS_ENV, str(keys.release_pub.parent))
+    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, "1")
+    trust_env.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub.parent))
     bundle = open_bundle(path, ARCH)
     assert bundle.signer is not None and bundle.signer.key_id == key_id
 
@@ -886,7 +886,7 @@ def test_unknown_signer_loads_as_unsigned_when_not_required(
     good, keys, tmp_path, trust_env, fresh_runtime
 ):
     path = _write(tmp_path, _signed(good, keys.stranger))
-    trust_env.setenv(signing.TRUSTED_KEYS_ENV, str(keys.release_pub))
+    trust_env.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub))
     with pytest.warns(
         RuntimeWarning, match="not in CUTE_AOT_TRUSTED_KEYS; loading it as an unsigned"
     ):
@@ -898,7 +898,7 @@ def test_required_signature_without_trusted_keys_refuses_everything(
     good, keys, tmp_path, trust_env, no_dlopen
 ):
     path = _write(tmp_path, _signed(good, keys.release))
-    trust_env.setenv(signing.REQUIRE_SIGNATURE_ENV, "yes")
+    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, "yes")
     with pytest.raises(SignatureError, match="CUTE_AOT_TRUSTED_KEYS is empty"):
         open_bundle(path, ARCH)
 
@@ -908,7 +908,7 @@ def test_required_signature_without_trusted_keys_refuses_everything(
     [("", False), ("0", False), ("off", False), ("1", True), ("true", True), ("typo", True)],
 )
 def test_require_signature_values(value, required, trust_env):
-    trust_env.setenv(signing.REQUIRE_SIGNATURE_ENV, value)
+    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, value)
     assert signing.signature_required() is required
 
 
@@ -971,8 +971,8 @@ def test_aot_build_sign_key_signs_what_it_writes(keys, tmp_path, fresh_runtime, 
     (path,) = out.glob("*.cuteaot")
     manifest = read_manifest(path)
     assert "signed" in result.output and manifest.signature["key_id"] in result.output
-    trust_env.setenv(signing.REQUIRE_SIGNATURE_ENV, "1")
-    trust_env.setenv(signing.TRUSTED_KEYS_ENV, str(keys.release_pub))
+    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, "1")
+    trust_env.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub))
     assert open_bundle(path, ARCH).signer.key_id == manifest.signature["key_id"]
     bad = CliRunner().invoke(main, [*args, "--sign-key", str(keys.release_pub)])  # cached build
     assert bad.exit_code == 1 and "not a PEM private key" in bad.output
@@ -1039,7 +1039,7 @@ def test_reverify_verifies_every_load(good, tmp_path, fresh_runtime, monkeypatch
     damaged = _write(tmp_path, flip(good.data, len(good.data) - 1000))  # payload, not manifest
     # the library it names was verified already: what would run is exactly that library
     assert open_bundle(damaged, ARCH).library_path == str(_library_copy(fresh_runtime, good))
-    monkeypatch.setenv(loader.REVERIFY_ENV, "1")
+    monkeypatch.setenv(settings.REVERIFY.name, "1")
     with pytest.raises(BundleIntegrityError, match="payload hash mismatch"):
         open_bundle(damaged, ARCH)
 

@@ -116,7 +116,7 @@ def test_the_collector_sees_every_package_and_resolves_imports():
     assert {name.split(".")[1] for name in MODULES} == set(PACKAGES)
     assert f"{TOOLING}.cli" in MODULES and JIT_MODULE in MODULES
     loader_imports = {i.target for i in imports_of("cute_aot.runtime.loader")}
-    assert "cute_aot.runtime.paths" in loader_imports
+    assert "cute_aot.runtime.library_store" in loader_imports
     assert "cute_aot.artifacts.verify" in loader_imports
     jit_imports = imports_of(JIT_MODULE)
     assert any(within(i.target, "cute_aot.aot") and not i.module_level for i in jit_imports)

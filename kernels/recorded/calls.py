@@ -25,10 +25,10 @@ import enum
 import functools
 import hashlib
 import inspect
-import os
 import typing
 from dataclasses import dataclass
 
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.bundle import sha256_file
 from cute_aot.kernels.recorded import RecordedCallKey, asks_tvm_ffi, canonical
 
@@ -126,7 +126,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         "source": _hash_files(tuple(sorted(f for f in files if f))),
         "args": identity_args,
         "options": {k: v for k, v in compile_options.items() if k not in HOST_OPTIONS},
-        "env": {k: os.environ[k] for k in CODEGEN_ENV if os.environ.get(k)},
+        "env": settings.environment(CODEGEN_ENV),
     }
     arch = compile_options.get("GPUArch") or None
     env_streams = tuple(

@@ -32,7 +32,7 @@ from cute_aot.artifacts.miss_log import read_misses
 from cute_aot.artifacts.urls import local_path
 from cute_aot.kernels import KernelFamily, families
 from cute_aot.runtime import misses as miss_log
-from cute_aot.runtime import overlay, paths
+from cute_aot.runtime import overlay
 from cute_aot.runtime.aot_cache import check, explain, gc
 from cute_aot.runtime.aot_cache.inventory import (
     aggregate_misses,
@@ -68,7 +68,7 @@ from cute_aot.runtime.aot_cache.params import (
     parse_size,
     size_param,
 )
-from cute_aot.runtime.mode import MODE_ENV, Mode, current_mode, parse_mode
+from cute_aot.runtime.mode import Mode, current_mode, parse_mode
 
 # parse_size and parse_age are part of this module's interface (scripts and tests use them here).
 __all__ = ["main", "parse_age", "parse_size"]
@@ -339,7 +339,7 @@ def verify_command(bundle_paths, gpu_arch, as_json):
     sources = bundle_sources(bundle_paths)
     if not sources:
         raise CuteAotError(
-            f"nothing to verify: pass bundle files or folders, or set {paths.BUNDLES_ENV}"
+            f"nothing to verify: pass bundle files or folders, or set {settings.BUNDLES.name}"
         )
     gpu = None if gpu_arch else check.local_gpu()
     target = gpu_arch or (gpu or {}).get("arch")
@@ -417,13 +417,13 @@ def _family_param(ctx, param, value: str) -> KernelFamily:
     "--bundle",
     "bundle_paths",
     multiple=True,
-    help=f"Bundle file or folder as a server would load them, repeatable (default: {paths.BUNDLES_ENV}).",
+    help=f"Bundle file or folder as a server would load them, repeatable (default: {settings.BUNDLES.name}).",
 )
 @click.option(
     "--mode",
     "mode_name",
     type=click.Choice([m.value for m in Mode]),
-    help=f"Serving mode (default: {MODE_ENV}, else auto).",
+    help=f"Serving mode (default: {settings.MODE.name}, else auto).",
 )
 @json_option
 def explain_command(family, shape, dtype_text, archs, bundle_paths, mode_name, as_json):
@@ -547,7 +547,7 @@ def _print_diff(result: dict) -> None:
     "log_path",
     metavar="LOG",
     help="Miss log: a file, a folder or a URL prefix (s3://bucket/misses/) of every server's "
-    f"(default: {miss_log.MISS_LOG_ENV}, else <cache dir>/misses.jsonl).",
+    f"(default: {settings.MISS_LOG.name}, else <cache dir>/misses.jsonl).",
 )
 @click.option("--family", "family_name", help="Only this family.")
 @click.option("--arch", callback=arch_param, help="Only this architecture.")
@@ -555,7 +555,7 @@ def _print_diff(result: dict) -> None:
     "--bundle",
     "bundle_paths",
     multiple=True,
-    help=f"Say which keys these bundles now hold (default: {paths.BUNDLES_ENV}).",
+    help=f"Say which keys these bundles now hold (default: {settings.BUNDLES.name}).",
 )
 @click.option(
     "--out",
@@ -688,7 +688,7 @@ def gc_command(older_than, max_size, caches, build_root, stale, grace, dry_run, 
     skipped = [unit for unit in remove if unit not in removed]
     roots = gc.cache_roots(caches, build_root)
     result = {
-        "cache_dir": str(paths.cache_dir()),
+        "cache_dir": str(settings.cache_dir()),
         "dry_run": dry_run,
         "caches": gc.summary(removed, keep, roots),
         "removed": [_unit_json(unit) for unit in removed],
@@ -791,7 +791,7 @@ def env_command(as_json):
     state = {True: "", False: " (none yet)", None: " (a URL: not checked)"}[log["exists"]]
     table.add_row("path", "miss log", log["path"] + state)
     table.add_row(
-        "path", "bundles", "\n".join(where["bundles"]) or f"none ({paths.BUNDLES_ENV} unset)"
+        "path", "bundles", "\n".join(where["bundles"]) or f"none ({settings.BUNDLES.name} unset)"
     )
     defaults = {setting.name: setting.default for setting in settings.SETTINGS}
     for name, value in report["env"].items():

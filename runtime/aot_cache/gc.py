@@ -44,9 +44,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cute_aot.aot.build_cache import CACHE_SUBDIR
+from cute_aot.artifacts import settings
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 from cute_aot.kernels import families
-from cute_aot.runtime import overlay, paths
+from cute_aot.runtime import overlay
 from cute_aot.runtime.library_store import FACTS_SUFFIX  # beside each library
 
 CACHES = ("build", "libs", "overlay")
@@ -242,7 +243,7 @@ def is_temporary(name: str) -> bool:
 def cache_roots(caches: Iterable[str] = CACHES, build_root: Path | None = None) -> list[CacheRoot]:
     """The roots of the chosen caches. The build cache's default is `build` in the cache dir;
     `build_root` (aot-build --cache-dir) is followed as given, like the cache dir itself."""
-    base = paths.cache_dir()
+    base = settings.cache_dir()
     where = {
         "overlay": CacheRoot("overlay", base, (overlay.overlay_root().name,)),
         "libs": CacheRoot("libs", base, ("libs",)),
@@ -337,7 +338,7 @@ def _is_shard(folder: tuple[str, ...], below: tuple[str, ...], name: str) -> boo
 
 def _other_temporaries(skip: set) -> list[CacheUnit]:
     """Temporaries anywhere else in the cache dir (keys/, the miss log's folder...)."""
-    root = CacheRoot(OTHER, paths.cache_dir(), ())
+    root = CacheRoot(OTHER, settings.cache_dir(), ())
     found = _walk(root, set(), skip)
     return [_temporary(root, folder, f) for folder, f in found if is_temporary(f.name)]
 
@@ -468,7 +469,7 @@ def summary(
     """Per cache: its root, units and bytes removed and kept."""
     rows = {root.name: {"root": str(root.path)} for root in roots}
     if any(u.cache == OTHER for u in removed + keep):
-        rows[OTHER] = {"root": str(paths.cache_dir())}
+        rows[OTHER] = {"root": str(settings.cache_dir())}
     for row in rows.values():
         row.update(removed=0, bytes_removed=0, kept=0, bytes_kept=0)
     for units, label in ((removed, "removed"), (keep, "kept")):

@@ -7,7 +7,6 @@ aggregated miss log and this machine's environment. Presentation lives in cli.
 from __future__ import annotations
 
 import json
-import os
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -30,7 +29,7 @@ from cute_aot.runtime import overlay, paths, sources
 from cute_aot.runtime.aot_cache import check, gc
 from cute_aot.runtime.installed_bundles import installed_bundles
 from cute_aot.runtime.jit import jit_available
-from cute_aot.runtime.mode import MODE_ENV, current_mode
+from cute_aot.runtime.mode import current_mode
 from cute_aot.runtime.registry import stale_reasons
 
 # (bundle path, whether it came from a folder, its manifest or why it could not be read)
@@ -55,7 +54,7 @@ def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
         explicit = set(settings.bundle_sources())
         wheels = {str(found.folder): found.origin for found in installed_bundles()}
         named = [
-            (source, paths.BUNDLES_ENV if source in explicit else wheels.get(source, "installed"))
+            (source, settings.BUNDLES.name if source in explicit else wheels.get(source, "installed"))
             for source in sources.environment_sources()
         ]
     found = []
@@ -78,12 +77,12 @@ def no_bundles_found(given: tuple[str, ...], example: str) -> str:
     if given:
         where = f"in {', '.join(given)}"
     elif settings.BUNDLES.raw():
-        where = f"in {paths.BUNDLES_ENV} ({settings.BUNDLES.raw()})"
+        where = f"in {settings.BUNDLES.name} ({settings.BUNDLES.raw()})"
     else:
-        where = f"({paths.BUNDLES_ENV} is unset, no bundle wheel is installed, none was named)"
+        where = f"({settings.BUNDLES.name} is unset, no bundle wheel is installed, none was named)"
     return (
         f"no bundles found {where}: name the folder aot-build wrote ({example}) or set "
-        f"{paths.BUNDLES_ENV}=bundles/, as a server would"
+        f"{settings.BUNDLES.name}=bundles/, as a server would"
     )
 
 
@@ -352,18 +351,18 @@ def environment() -> dict:
         },
         "tools": tools,
         "paths": {
-            "cache_dir": str(paths.cache_dir()),
+            "cache_dir": str(settings.cache_dir()),
             "overlay": _folder_usage(overlay.overlay_root(), f"*{BUNDLE_SUFFIX}"),
-            "libs": _folder_usage(paths.cache_dir() / "libs", "*.so"),
+            "libs": _folder_usage(settings.cache_dir() / "libs", "*.so"),
             # A URL prefix is not looked at: `env` never waits on a store (None: not known).
             "miss_log": {"path": str(log), "exists": None if is_url(log) else log.exists()},
             "bundles": [str(path) for path, _, _ in bundle_sources(())],
         },
-        "env": {name: os.environ.get(name) for name in ENV_VARS},
+        "env": {name: settings.environment([name]).get(name) for name in ENV_VARS},
         "gpu": check.local_gpu(),
         "driver_cuda": ".".join(map(str, driver)) if driver else None,
         "mode": current_mode().value,
-        "mode_source": MODE_ENV if os.environ.get(MODE_ENV) else "default",
+        "mode_source": settings.MODE.name if settings.mode_name() else "default",
         "jit_available": jit_available(),
         "overlay_fingerprints": gc.current_fingerprints(),
         "startup_hook": _startup_hook(),

@@ -141,7 +141,7 @@ def summary() -> dict:
     with _lock:
         return {
             "profile": _profile.describe() if _profile else None,
-            "cute_compile_calls": _calls,
+            "compile_calls": _calls,
             "kernels": sum(len(calls) for calls in _compiles.values()),
             "targets": {target: len(calls) for target, calls in sorted(_compiles.items())},
             "unanswerable": [{"site": site, "question": question, "reason": reason, "times": n}
@@ -151,11 +151,11 @@ def summary() -> dict:
 
 def _say_summary() -> None:
     found = summary()
-    if sys.stderr.isatty() and found["cute_compile_calls"]:
+    if sys.stderr.isatty() and found["compile_calls"]:
         print(file=sys.stderr)  # past the progress line
     profile = found["profile"]
     lines = [f"cute-aot virtual {profile['profile']} ({profile['arch']}), pid {os.getpid()}: "
-             f"{found['cute_compile_calls']} cute.compile calls, {found['kernels']} kernels of "
+             f"{found['compile_calls']} cute.compile calls, {found['kernels']} kernels of "
              f"{len(found['targets'])} targets; {len(found['unanswerable'])} unanswerable "
              "questions" + (":" if found["unanswerable"] else "")]  # fmt: skip
     lines += [f"  {u['site']}: {u['question']} ({u['reason']}) x{u['times']}"
