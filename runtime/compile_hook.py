@@ -237,6 +237,11 @@ def _arch(call) -> str:
     return (call.arch if call is not None else None) or current_gpu_arch() or "sm_100a"
 
 
+# A replay's canonical JSON (sorted keys, "hardware" the last) ends so when its trace asked the
+# GPU nothing: the first use of such a kernel, nearly every one, reads no JSON.
+_NO_ANSWERS = '"hardware":{}}'
+
+
 def _kernel_for_this_gpu(key, arch: str):
     """(the key to serve, why no kernel of the call fits this GPU). The call's own kernel where
     a bundle holds one: its trace asked the GPU nothing (or the bundle was built before answers
@@ -254,6 +259,8 @@ def _kernel_for_this_gpu(key, arch: str):
         fields for fields in REGISTRY.entry_keys(FAMILY, arch) if fields.get("call") == key.call]  # fmt: skip
     why = None
     for fields in candidates:
+        if fields is own and fields.get("replay", "").endswith(_NO_ANSWERS):
+            return key, None  # the call's own kernel, asked nothing: no need to read more
         built = RecordedCallKey.from_fields(fields)
         if not built.hardware:
             return built, None
