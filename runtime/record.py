@@ -17,8 +17,8 @@ for a call that cannot be replayed the reason instead. Where they go:
 
 A local record is on disk when the compile returns: a worker that is killed loses none. The
 same call recorded on GPUs that answered its hardware queries otherwise is written once per
-answer, so that the build names the conflict. Recording never changes what the compile
-returns, and a failure to record is said, not raised.
+answer (each is a kernel of its own: the answers are part of its key id). Recording never
+changes what the compile returns, and a failure to record is said, not raised.
 """
 
 from __future__ import annotations
@@ -124,9 +124,8 @@ class Recorder:
 
 
 def _subject(record: dict) -> str:
-    """What makes a record distinct: its key id and the hardware answers its trace got (a call
-    answered otherwise is a conflict the build names), or for an unreplayable call its site and
-    why."""
+    """What makes a record distinct: its key id and the GPU that gave its hardware answers (a
+    call answered otherwise is another kernel), or for an unreplayable call its site and why."""
     if not record.get("key_id"):
         return f"site:{record.get('site')}:{record.get('reason')}"
     try:
