@@ -5,9 +5,13 @@
   modules may set variables for the processes they start (aot-build's workers, a virtual GPU's
   caches), never read them.
 - The cache folder has one name: settings.cache_dir.
+- JSON-lines files are read by artifacts/miss_log.read_objects and appended to by
+  runtime/process_files.append_line (aot-tune's results too).
 """
 
 import ast
+import json
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,3 +61,23 @@ def test_the_cache_folder_has_one_name():
         text = path.read_text()
         assert "def cache_dir" not in text or path == SETTINGS, path
         assert "cache_dirs" not in text, path
+
+
+def test_tuning_results_use_the_one_json_lines_reader_and_appender(tmp_path):
+    """aot-tune's results file: a line that is no object is skipped (the reader crashed on it),
+    and a row cut short by an interruption is closed before the next one (the next row was
+    glued onto it, and both were lost)."""
+    from rich.console import Console
+
+    from cute_aot.kernels import family
+    from cute_aot.runtime.tuning.cli import Tuner
+
+    found = family("router_gemm")
+    row = {"family": found.name, "arch": "sm_90a", "problem": [1, 2, 3], "key_id": "k1", "us": 1.0}
+    results = tmp_path / "results.jsonl"
+    results.write_text('[1, 2]\n"text"\n' + json.dumps(row) + '\n{"family": "router_gemm", "ar')
+    tuner = Tuner(found, "sm_90a", results, Console(file=open(os.devnull, "w")))
+    assert list(tuner.done.values()) == [row]
+    tuner._record({**row, "key_id": "k2"})
+    again = Tuner(found, "sm_90a", results, Console(file=open(os.devnull, "w")))
+    assert sorted(key_id for _, key_id in again.done) == ["k1", "k2"]

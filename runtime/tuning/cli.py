@@ -31,9 +31,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cute_aot.aot import models as model_shapes
 from cute_aot.artifacts import PACKAGE_VERSION, settings, terminal
 from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.miss_log import read_objects
 from cute_aot.kernels import KernelFamily, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.tables import Table, read_tables, write_tables
+from cute_aot.runtime.process_files import append_line
 from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call, seconds_per_call_each
 
 RELATIVE_TOLERANCE = 0.02  # of the reference's largest magnitude: catches wrong kernels, not ulps
@@ -85,15 +87,14 @@ class Tuner:
         self.compiled: dict[str, object] = {}
 
     def _read_results(self) -> dict[tuple[str, str], dict]:
+        """What earlier runs measured (the one JSON-lines reader: a line cut short by an
+        interruption, or one that is no object, is skipped)."""
         done = {}
         if self.results_path.exists():
-            for line in self.results_path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by an interruption
+            for _, row in read_objects(self.results_path, "tuning results"):
                 if row.get("family") == self.family.name and row.get("arch") == self.arch:
-                    done[(json.dumps(row["problem"]), row["key_id"])] = row
+                    if isinstance(row.get("problem"), list) and isinstance(row.get("key_id"), str):
+                        done[(json.dumps(row["problem"]), row["key_id"])] = row
         return done
 
     def function(self, key):
@@ -146,9 +147,9 @@ class Tuner:
             self._record(row)
 
     def _record(self, row: dict) -> None:
-        """Append a result row (a later row of the same problem and key replaces an earlier)."""
-        with self.results_path.open("a") as results:
-            results.write(json.dumps(row) + "\n")
+        """Append a result row (a later row of the same problem and key replaces an earlier),
+        with the one appender: a row cut short before is closed, never glued to this one."""
+        append_line(self.results_path, (json.dumps(row) + "\n").encode())
 
     def _operands(self, problem):
         sets, out = operand_sets(self.family, problem)
