@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,9 @@ from cute_aot.aot.pack import BuildTables, pack_bundle, table_records
 from cute_aot.aot.shard import Shard, load_shards, write_shard_file
 from cute_aot.artifacts import PACKAGE_VERSION
 from cute_aot.artifacts.atomic import (
+    Claimed,
     atomic_write,
+    claimed,
     owner_tag,
     remove_dead_leftovers,
     scratch_folder,
@@ -210,23 +212,27 @@ def run_build(
     todo = [(arch, key) for arch, keys in plan_keys.items() for key in keys]
     if shard:
         todo = shard.select(todo)
-    else:
-        refuse_to_drop_families(plan_keys, out_dir, name)
-    with _work_folder(out_dir, shard.folder_name(name) if shard else None) as folder:
-        rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress, worker)
-        outcome = BuildOutcome(name, [rows[(arch, key.symbol)] for arch, key in todo], jobs=jobs)
-        if shard:
-            write_shard_file(
-                folder, shard, name, bundle_version, plan_keys, outcome.rows,
-                tables if record_tables else None,
-            )  # fmt: skip
-            outcome.shard_folder = out_dir / shard.folder_name(name)
-        else:
-            outcome.written, outcome.incomplete = write_bundles(
-                plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures,
-                tables if record_tables else None, record_tables,
-            )  # fmt: skip
-            outcome.bundles = [bundle.path for bundle in outcome.written]
+    with ExitStack() as held:
+        if not shard:  # its bundles and report are replaced as one unit: one build at a time
+            held.enter_context(_one_build_of(out_dir, name))
+            refuse_to_drop_families(plan_keys, out_dir, name)
+        with _work_folder(out_dir, shard.folder_name(name) if shard else None) as folder:
+            rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress,
+                                       worker)  # fmt: skip
+            outcome = BuildOutcome(name, [rows[(arch, key.symbol)] for arch, key in todo],
+                                   jobs=jobs)  # fmt: skip
+            if shard:
+                write_shard_file(
+                    folder, shard, name, bundle_version, plan_keys, outcome.rows,
+                    tables if record_tables else None,
+                )  # fmt: skip
+                outcome.shard_folder = out_dir / shard.folder_name(name)
+            else:
+                outcome.written, outcome.incomplete = write_bundles(
+                    plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures,
+                    tables if record_tables else None, record_tables,
+                )  # fmt: skip
+                outcome.bundles = [bundle.path for bundle in outcome.written]
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -245,8 +251,21 @@ def merge(
         merged.rows[(arch, k.symbol)] for arch, keys in merged.keys_by_arch.items() for k in keys
     ]
     _remove_dead_leftovers(Path(out_dir))
-    refuse_to_drop_families(merged.keys_by_arch, Path(out_dir), merged.name)
-    written, incomplete = write_bundles(
+    with _one_build_of(Path(out_dir), merged.name):
+        refuse_to_drop_families(merged.keys_by_arch, Path(out_dir), merged.name)
+        written, incomplete = _write_merged(merged, out_dir, cache, allow_failures)
+    return BuildOutcome(
+        merged.name,
+        rows,
+        [bundle.path for bundle in written],
+        incomplete,
+        seconds=time.perf_counter() - started,
+        written=written,
+    )
+
+
+def _write_merged(merged, out_dir, cache, allow_failures):
+    return write_bundles(
         merged.keys_by_arch,
         merged.rows,
         Path(out_dir),
@@ -257,14 +276,21 @@ def merge(
         merged.tables,
         merged.record_tables,
     )
-    return BuildOutcome(
-        merged.name,
-        rows,
-        [bundle.path for bundle in written],
-        incomplete,
-        seconds=time.perf_counter() - started,
-        written=written,
-    )
+
+
+@contextmanager
+def _one_build_of(out_dir: Path, name: str) -> Iterator[None]:
+    """This build's claim on `<out_dir>/<name>-*`: a second build of the same name into the same
+    folder refuses, naming the one that holds it (a build of another name goes on beside it)."""
+    try:
+        with claimed(out_dir / f".{name}.build-claim"):
+            yield
+    except Claimed as held:
+        who = {field: held.holder.get(field, "?") for field in ("pid", "host", "since")}
+        raise BuildError(
+            f"{out_dir}: another aot-build of '{name}' is writing there (pid {who['pid']} on "
+            f"{who['host']}, since {who['since']}); wait for it, or build into another --out"
+        ) from None
 
 
 def build(

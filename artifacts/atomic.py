@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +141,53 @@ def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o444) -> boo
         except FileExistsError:
             return False
         return True
+
+
+class Claimed(Exception):
+    """Another live process holds the claim; `holder` says who (pid, host, since)."""
+
+    def __init__(self, path: Path, holder: dict):
+        super().__init__(f"{path} is held by pid {holder.get('pid', '?')} on "
+                         f"{holder.get('host', '?')} since {holder.get('since', '?')}")  # fmt: skip
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def claimed(path: str | os.PathLike) -> Iterator[None]:
+    """Hold `path` as this process's claim while inside: a file made with O_EXCL (what NFS
+    keeps atomic, unlike flock) naming its owner, removed at the end. A claim whose owner, a
+    process of this machine, has died is taken over; a live owner's raises Claimed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mine = {"owner": owner_tag(), "pid": os.getpid(), "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            holder = _claim_holder(path)
+            owner = re.fullmatch(r"pid(\d+)@([0-9a-f]{12})", str(holder.get("owner", "")))
+            if owner and owner[2] == _machine() and not _alive(int(owner[1])):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()  # left by a killed owner
+                continue
+            raise Claimed(path, holder) from None
+        with os.fdopen(fd, "w") as claim:
+            claim.write(json.dumps(mine))
+        break
+    else:
+        raise Claimed(path, _claim_holder(path))
+    try:
+        yield
+    finally:
+        if _claim_holder(path).get("owner") == mine["owner"]:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def _claim_holder(path: Path) -> dict:
+    try:
+        holder = json.loads(path.read_text())
+    except (OSError, ValueError):  # gone, or being written this instant
+        return {}
+    return holder if isinstance(holder, dict) else {}

@@ -169,30 +169,30 @@ def running(processes: dict[int, str]) -> list[int]:
 # -- 1. two builds into one --out ----------------------------------------------------------------
 
 
-def test_report_and_wrote_line_describe_this_builds_bytes_when_another_replaced_them(tmp_path, env):
+def test_a_second_build_of_one_name_into_one_out_refuses_naming_the_first(tmp_path, env):
+    """Bundles and report are one unit: a second build of the same name into the same --out
+    refuses in one line naming the build that holds it (before, it replaced the bundle while the
+    first build's report went on describing its own); the first finishes, its report true."""
     out, gate = tmp_path / "bundles", tmp_path / "gate"
     both = ("--families", "router_gemm", "--arch", "sm_90a", "--arch", "sm_100a", "-j", "1")
     first = start(gated(env, gate, at=1), out, *both)  # held before linking sm_100a
     try:
         wait_for(lambda: (gate / "link1").exists(), 60, "the first build to link sm_100a")
-        status, _ = run(env, out, *ROUTER_SM90, "--model", "deepseek-v4-flash")
-        assert status == 0
-        theirs = sha256(out / BUNDLE)
+        status, output = run(env, out, *ROUTER_SM90, "--model", "deepseek-v4-flash")
+        assert status == 1, output
+        (line,) = [line for line in output.splitlines() if "another aot-build" in line]
+        assert f"pid {first.pid} " in line and str(out) in line and "'default'" in line
         (gate / "go").touch()
         status, output = finish(first)
     finally:
         kill_session(first)
     assert status == 0, output
-    # Builds are reproducible: a twin of the first build wrote the bytes the first one did.
-    assert run(env, tmp_path / "twin", *both)[0] == 0
-    mine = tmp_path / "twin" / BUNDLE
-    assert sha256(mine) != theirs
     report = json.loads((out / "default.build-report.json").read_text())
-    (record,) = [r for r in report["bundles"] if r["arch"] == "sm_90a"]
-    assert (record["sha256"], record["size"]) == (sha256(mine), mine.stat().st_size)
-    assert f"wrote {out / BUNDLE} ({mine.stat().st_size / 1024:.0f} KiB)" in output
-    (warning,) = [line for line in output.splitlines() if "replaced" in line]
-    assert str(out / BUNDLE) in warning and "another build" in warning
+    assert {record["arch"] for record in report["bundles"]} == {"sm_90a", "sm_100a"}
+    for record in report["bundles"]:
+        path = out / f"default-{record['arch']}.cuteaot"
+        assert (record["sha256"], record["size"]) == (sha256(path), path.stat().st_size)
+    assert leftovers(env, out) == []  # the claim went with the build
 
 
 # -- 2. a full disk ------------------------------------------------------------------------------
@@ -306,8 +306,14 @@ def test_a_signal_ends_the_build_and_its_compile_workers(tmp_path, env, signum):
     finally:
         kill_session(build)
     assert status != 0
-    assert not out.exists() or [p.name for p in out.iterdir()] == []
+    # Nothing written; a SIGKILLed build leaves only its claim, which the next build takes over.
+    assert not out.exists() or [p.name for p in out.iterdir() if not p.name.startswith(".")] == []
     if signum != signal.SIGKILL:
+        assert leftovers(env, out) == []
+    else:
+        assert [p.name for p in out.iterdir()] == [".default.build-claim"]
+        status, output = run(env, out, *ROUTER_SM90)
+        assert status == 0, output
         assert leftovers(env, out) == []
 
 
