@@ -253,7 +253,10 @@ def merge(
     _remove_dead_leftovers(Path(out_dir))
     with _one_build_of(Path(out_dir), merged.name):
         refuse_to_drop_families(merged.keys_by_arch, Path(out_dir), merged.name)
-        written, incomplete = _write_merged(merged, out_dir, cache, allow_failures)
+        written, incomplete = write_bundles(
+            merged.keys_by_arch, merged.rows, Path(out_dir), merged.name,
+            merged.bundle_version, cache, allow_failures, merged.tables, merged.record_tables,
+        )  # fmt: skip
     return BuildOutcome(
         merged.name,
         rows,
@@ -261,20 +264,6 @@ def merge(
         incomplete,
         seconds=time.perf_counter() - started,
         written=written,
-    )
-
-
-def _write_merged(merged, out_dir, cache, allow_failures):
-    return write_bundles(
-        merged.keys_by_arch,
-        merged.rows,
-        Path(out_dir),
-        merged.name,
-        merged.bundle_version,
-        cache,
-        allow_failures,
-        merged.tables,
-        merged.record_tables,
     )
 
 

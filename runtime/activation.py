@@ -60,24 +60,20 @@ def startup_file() -> str | None:
 def activate() -> None:
     """Install the cute.compile hook now or when cutlass is imported, if the environment asks;
     first become a virtual GPU where CUTE_AOT_VIRTUAL names one (before torch is imported)."""
+    global _activated
     active, _ = state()
     if not active:
         return
     with _lock:
         if _activated:
             return
-        _set_activated()
+        _activated = True
         if settings.virtual_profile():
             _start_virtual(settings.virtual_profile())
         after_import("cutlass", _install)
         # Asked at exit, not now: site may not have put cutlass-dsl on sys.path yet (its own
         # .pth runs after this one).
         atexit.register(_say_if_cutlass_missing)
-
-
-def _set_activated() -> None:
-    global _activated
-    _activated = True
 
 
 def _start_virtual(spec: str) -> None:
