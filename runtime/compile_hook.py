@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import types
 
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
@@ -214,7 +215,7 @@ def _served(serving, call, why):
         serving.remembered_hit()
         return known
     epoch = _hits.now()
-    key, unfit = _kernel_for_this_gpu(call.key(), arch)
+    key, unfit = _kernel_for_this_gpu(call, arch)
     if unfit:
         if mode is Mode.AOT:
             raise KernelNotFoundError(FAMILY, key.id, arch, [], detail=f"{unfit}; mode aot")
@@ -237,30 +238,22 @@ def _arch(call) -> str:
     return (call.arch if call is not None else None) or current_gpu_arch() or "sm_100a"
 
 
-# A replay's canonical JSON (sorted keys, "hardware" the last) ends so when its trace asked the
-# GPU nothing: the first use of such a kernel, nearly every one, reads no JSON.
-_NO_ANSWERS = '"hardware":{}}'
-
-
-def _kernel_for_this_gpu(key, arch: str):
+def _kernel_for_this_gpu(call, arch: str):
     """(the key to serve, why no kernel of the call fits this GPU). The call's own kernel where
-    a bundle holds one: its trace asked the GPU nothing (or the bundle was built before answers
-    were part of the id, and then its answers are checked). Else the kernel of this call whose
-    recorded answers this GPU gives, each asked of it; None of them: why, naming the answers."""
+    a bundle holds one (its trace asked the GPU nothing: its id is the call's; or the bundle
+    was built before answers were part of the id, and then its answers are checked). Else the
+    kernel of this call whose recorded answers this GPU gives, each asked of it; None of them:
+    the live call's key (for the miss log) and why, naming the answers."""
     from cute_aot.kernels.recorded import RecordedCallKey
     from cute_aot.kernels.recorded.hardware import differences
     from cute_aot.runtime.registry import REGISTRY
 
-    own = REGISTRY.entry_key(FAMILY, key.id, arch)
-    if own is None:
-        REGISTRY.load_from_env()
-        own = REGISTRY.entry_key(FAMILY, key.id, arch)
+    own = REGISTRY.entry_key(FAMILY, call.call_id, arch)
     candidates = [own] if own is not None else [
-        fields for fields in REGISTRY.entry_keys(FAMILY, arch) if fields.get("call") == key.call]  # fmt: skip
+        fields for fields in REGISTRY.entry_keys(FAMILY, arch)
+        if fields.get("call") == call.identity_json]  # fmt: skip
     why = None
     for fields in candidates:
-        if fields is own and fields.get("replay", "").endswith(_NO_ANSWERS):
-            return key, None  # the call's own kernel, asked nothing: no need to read more
         built = RecordedCallKey.from_fields(fields)
         if not built.hardware:
             return built, None
@@ -268,7 +261,7 @@ def _kernel_for_this_gpu(key, arch: str):
         if differ is None:
             return built, None
         why = why or f"recorded kernel {built.id}: {differ}"
-    return key, why
+    return call.key(), why
 
 
 def _device_index() -> int:
@@ -283,15 +276,42 @@ def _callable_as_compiled(function, spec: dict):
         return function
     if spec["arg_defaults"] is None or spec["kwonly_defaults"] is None:
         return function  # defaults that are not plain values: positional calls only
+    made = _wrappers.get(id(spec))
+    if made is not None and made[0] is spec:
+        rebound = _rebound(made[1], function)
+        if rebound is not None:
+            return rebound
     from tvm_ffi.utils.kwargs_wrapper import make_kwargs_wrapper
 
-    return make_kwargs_wrapper(
+    wrapper = make_kwargs_wrapper(
         function,
         arg_names=spec["arg_names"],
         arg_defaults=tuple(spec["arg_defaults"]),
         kwonly_names=spec["kwonly_names"],
         kwonly_defaults=spec["kwonly_defaults"],
     )
+    _wrappers[id(spec)] = (spec, wrapper)
+    return wrapper
+
+
+# id(signature spec) -> (the spec, the wrapper tvm-ffi generated for it): the spec objects are
+# made once per compiled function and argument kinds (kernels/recorded/calls.py), kept here.
+_wrappers: dict[int, tuple[dict, object]] = {}
+
+
+def _rebound(wrapper, function):
+    """`wrapper`'s code calling `function` instead: a kernel of a signature seen before gets its
+    wrapper without generating and compiling Python again (tvm-ffi keeps the function called
+    in the generated code's globals). None where this tvm-ffi keeps it elsewhere."""
+    from tvm_ffi.utils import kwargs_wrapper
+
+    name = getattr(kwargs_wrapper, "_INTERNAL_TARGET_FUNC", None)
+    if name is None or name not in wrapper.__globals__:
+        return None
+    made = types.FunctionType(wrapper.__code__, {**wrapper.__globals__, name: function},
+                              wrapper.__name__, wrapper.__defaults__, wrapper.__closure__)  # fmt: skip
+    made.__kwdefaults__ = wrapper.__kwdefaults__
+    return made
 
 
 def _call_site() -> str:

@@ -71,6 +71,19 @@ def test_the_key_ignores_runtime_values_and_keeps_compile_time_ones():
     assert base.replay_data["examples"][0]["shape"] == [1000]
 
 
+def test_served_functions_of_one_signature_share_its_wrapper_and_each_calls_its_own():
+    from cute_aot.runtime.compile_hook import _callable_as_compiled
+
+    spec = {"arg_names": ["x", "y", "factor"], "arg_defaults": [2.0], "kwonly_names": ["n"],
+            "kwonly_defaults": {"n": 3}, "env_streams": []}  # fmt: skip
+    first = _callable_as_compiled(lambda *args: ("first", args), spec)
+    second = _callable_as_compiled(lambda *args: ("second", args), spec)
+    assert first(1, y=2) == ("first", (1, 2, 2.0, 3))
+    assert second(1, 2, factor=5.0, n=4) == ("second", (1, 2, 5.0, 4))
+    assert first(1, 2) == ("first", (1, 2, 2.0, 3))
+    assert second.__code__ is first.__code__  # generated and compiled once per signature
+
+
 def test_a_closure_cannot_be_replayed_and_says_why():
     import cutlass.cute as cute
 

@@ -49,9 +49,10 @@ class Call:
     """One `cute.compile` call: its identity, what a replay needs, and how to call its result."""
 
     identity: dict
-    examples: list  # per argument (positional, then keyword by name): concrete values
     signature: dict  # kwargs wrapper spec of the compiled function: names and defaults
     arch: str | None = None  # the architecture the options name, if they do
+    # Per argument (positional, then keyword by name): (its identity, the value given).
+    arguments: tuple = ()
 
     def key(self, hardware: dict | None = None, device: dict | None = None) -> RecordedCallKey:
         """The key, with the hardware answers its trace got and the GPU that gave them."""
@@ -61,9 +62,20 @@ class Call:
         return RecordedCallKey(call=self.identity_json, replay=canonical(replay))
 
     @functools.cached_property
+    def examples(self) -> list:
+        """Per argument: the concrete value a replay needs (a dynamic one's), else None. Only a
+        record or a miss asks: a hit needs the call's id alone."""
+        return [_example(described, value) for described, value in self.arguments]
+
+    @functools.cached_property
     def identity_json(self) -> str:
         """The identity's canonical JSON: what tells one compiled kernel from another."""
         return canonical(self.identity)
+
+    @functools.cached_property
+    def call_id(self) -> str:
+        """The id a kernel of this call has where its trace asked the GPU nothing."""
+        return RecordedCallKey(call=self.identity_json).call_id
 
     @property
     def tvm_ffi(self) -> bool:
@@ -98,25 +110,26 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     target, args = resolve_target(func, args)
     name = _qualified_once(target)
     try:
-        bound = _signature(target).bind(*args, **kwargs)
+        bound = _bind(target, args, kwargs)
     except (TypeError, ValueError, NameError) as exc:
         raise NotRecreatable(f"{name}: arguments do not bind to its signature ({exc})") from exc
-    for parameter in bound.signature.parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            if bound.arguments.get(parameter.name):
-                raise NotRecreatable(f"{name}: takes *{parameter.name}, which records do not hold")
+    for variadic in _variadic(target):
+        if bound.get(variadic):
+            raise NotRecreatable(f"{name}: takes *{variadic}, which records do not hold")
     describer = _Describer()
-    identity_args, examples, constexpr = [], [], {}
-    for index, (param, value) in enumerate(bound.arguments.items()):
-        parameter = bound.signature.parameters[param]
-        is_constant = _is_constexpr(index, parameter, value)
-        constexpr[param] = is_constant
-        described, example = describer.argument(value, is_constant, f"argument {param!r}")
+    identity_args, arguments, env_streams, constants = [], [], set(), []
+    flags = _parameters(target)
+    for index, (param, value) in enumerate(bound.items()):
+        constant = _is_constexpr(index, param, flags[param], value)
+        described = describer.argument(value, constant, f"argument {param!r}")
         identity_args.append([param, described])
-        examples.append(example)
+        arguments.append((described, value))
+        constants.append(constant)
+        if described is _ENV_STREAM:
+            env_streams.add(param)
     target_data: dict = {"function": name}
     files = {_source_file(target)}
-    if args and constexpr.get(next(iter(bound.arguments))) and not inspect.isfunction(func):
+    if args and constants[0] and not inspect.isfunction(func):
         owner = type(args[0])
         target_data = {"function": name, "object": _qualified(owner)}
         files.add(_source_file(owner))
@@ -129,12 +142,11 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         "env": settings.environment(CODEGEN_ENV),
     }
     arch = compile_options.get("GPUArch") or None
-    env_streams = tuple(
-        name for name, parameter in bound.signature.parameters.items()
-        if _is_env_stream(bound.arguments.get(name, parameter.default))
-    )  # fmt: skip
-    signature = _wrapper_spec(target, env_streams)
-    return Call(identity, examples, signature, arch)
+    env_streams |= _env_stream_defaults(target) - bound.keys()
+    if env_streams:  # in the signature's order, as the DSL's spec names them
+        env_streams = [name for name in flags if name in env_streams]
+    signature = _wrapper_spec(target, tuple(env_streams))
+    return Call(identity, signature, arch, tuple(arguments))
 
 
 # What depends only on the function compiled, or only on the options, is worked out once per
@@ -179,40 +191,66 @@ def _hash_files(paths: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-_annotations: dict[tuple[int, int], bool] = {}  # (index, id of a cached signature's parameter)
+@functools.cache
+def _parameters(target) -> dict[str, tuple[bool, bool]]:
+    """name -> (annotated as a constant, a type passed to it is a constant) of each parameter
+    (jit_arg_adapters.is_arg_annotation_constexpr), worked out once per target."""
+    from cutlass import Constexpr
 
-
-def _constexpr_annotation(index: int, parameter: inspect.Parameter) -> bool:
-    """`self` at 0, or a Constexpr annotation (jit_arg_adapters.is_arg_annotation_constexpr):
-    what leaves a parameter out of the compiled function's signature."""
-    found = _annotations.get((index, id(parameter)))
-    if found is None:
-        found = _annotations[index, id(parameter)] = _annotated_constexpr(index, parameter)
+    found = {}
+    for name, parameter in _signature(target).parameters.items():
+        annotation = parameter.annotation
+        annotated = (annotation is Constexpr or typing.get_origin(annotation) is Constexpr
+                     or isinstance(annotation, type) and issubclass(annotation, Constexpr))  # fmt: skip
+        takes_type = annotation is inspect.Parameter.empty or typing.get_origin(annotation) is type
+        found[name] = (annotated, takes_type)
     return found
 
 
-def _annotated_constexpr(index: int, parameter: inspect.Parameter) -> bool:
-    from cutlass import Constexpr
+def _bind(target, args: tuple, kwargs: dict) -> dict:
+    """{parameter: value given} in the signature's order, as `Signature.bind(...).arguments`
+    has it: plainly where nothing is unusual (no variadic or positional-only parameters, every
+    required one given, no name twice), else by `inspect`, which raises with the reason."""
+    plain = _plain_binding(target)
+    if plain is not None and len(args) <= plain[1]:
+        names, _, known, required = plain
+        arguments = dict(zip(names, args))
+        if not kwargs or (kwargs.keys() <= known and kwargs.keys().isdisjoint(arguments)):
+            if kwargs:
+                arguments.update((name, kwargs[name]) for name in names if name in kwargs)
+            if required <= arguments.keys():
+                return arguments
+    return _signature(target).bind(*args, **kwargs).arguments
 
-    annotation = parameter.annotation
-    if index == 0 and parameter.name in ("self", "cls"):
-        return True
-    if annotation is Constexpr or typing.get_origin(annotation) is Constexpr:
-        return True
-    return isinstance(annotation, type) and issubclass(annotation, Constexpr)
+
+@functools.cache
+def _plain_binding(target):
+    """(names in order, how many may be given by position, all names, required names), or
+    None where the signature is one `_bind` leaves to `inspect`."""
+    parameters = list(_signature(target).parameters.values())
+    plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if any(parameter.kind not in plain for parameter in parameters):
+        return None
+    names = tuple(parameter.name for parameter in parameters)
+    positional = sum(parameter.kind is plain[0] for parameter in parameters)
+    required = frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty)
+    return names, positional, frozenset(names), required
 
 
-def _is_constexpr(index: int, parameter: inspect.Parameter, value) -> bool:
-    """The DSL's rule (jit_arg_adapters.is_argument_constexpr): a constant annotation, or a
-    type passed where no other annotation says otherwise, or None: baked into the binary."""
-    annotation = parameter.annotation
-    if _constexpr_annotation(index, parameter):
+@functools.cache
+def _variadic(target) -> tuple[str, ...]:
+    return tuple(name for name, parameter in _signature(target).parameters.items()
+                 if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD))  # fmt: skip
+
+
+def _is_constexpr(index: int, name: str, flags: tuple[bool, bool], value) -> bool:
+    """The DSL's rule (jit_arg_adapters.is_argument_constexpr): `self` first, a constant
+    annotation, a type passed where no other annotation says otherwise, or None: baked into
+    the binary."""
+    annotated, takes_type = flags
+    if annotated or value is None or (index == 0 and name in ("self", "cls")):
         return True
-    if value is None:
-        return True
-    if isinstance(value, type):
-        return annotation is inspect.Parameter.empty or typing.get_origin(annotation) is type
-    return False
+    return takes_type if isinstance(value, type) else False
 
 
 def _effective_options(compile_callable, options) -> dict:
@@ -267,12 +305,13 @@ def _wrapper_spec(target, env_streams: tuple) -> dict:
     says it: the parameters not annotated as constants and not the environment's stream,
     positional then keyword-only, with their defaults."""
     names, defaults, kwonly, kwonly_defaults = [], [], [], {}
+    flags = _parameters(target)
     for index, (name, parameter) in enumerate(_signature(target).parameters.items()):
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         if name in env_streams:
             continue
-        if _constexpr_annotation(index, parameter):
+        if flags[name][0] or (index == 0 and name in ("self", "cls")):
             continue
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
             kwonly.append(name)
@@ -289,8 +328,12 @@ def _wrapper_spec(target, env_streams: tuple) -> dict:
             "env_streams": list(env_streams)}  # fmt: skip
 
 
-def _is_env_stream(value) -> bool:
-    return bool(getattr(value, "use_tvm_ffi_env_stream", False))
+@functools.cache
+def _env_stream_defaults(target) -> frozenset:
+    """Parameters whose default is the environment's stream (what a call leaving them out
+    passes): the compiled function does not take them."""
+    return frozenset(name for name, parameter in _signature(target).parameters.items()
+                     if getattr(parameter.default, "use_tvm_ffi_env_stream", False))  # fmt: skip
 
 
 @functools.cache
@@ -302,53 +345,59 @@ def _dsl():
     return cutlass, cute_runtime
 
 
+_PLAIN = (bool, int, float, str, type(None))
+_ENV_STREAM = {"stream": "env"}
+
+
 class _Describer:
-    """Describes arguments (identity, example) with one numbering of symbolic sizes per call:
-    the same SymInt object in two arguments is one variable of the compiled function."""
+    """Describes arguments with one numbering of symbolic sizes per call: the same SymInt
+    object in two arguments is one variable of the compiled function."""
 
     def __init__(self):
         self.symbols: dict[int, int] = {}
         self.describing: set[int] = set()  # objects whose state is being described (cycles)
 
-    def argument(self, value, constant: bool, where: str):
+    def argument(self, value, constant: bool, where: str) -> dict:
+        kind = type(value)
+        if kind in _PLAIN:  # the most common arguments first: a hit describes every one
+            name = kind.__name__
+            return {"py": name, "value": value} if constant else {"py": name}
         cutlass, cute_runtime = _dsl()
-
         if isinstance(value, cute_runtime._Tensor):
             return self._dlpack_tensor(value)
+        if isinstance(value, cutlass.Numeric):
+            number = {"numeric": kind.__name__}
+            return {**number, "value": value.value} if constant else number
         if isinstance(value, cute_runtime._FakeTensor):
-            return self._fake_tensor(value), None
+            return self._fake_tensor(value)
         if isinstance(value, cute_runtime._Pointer):  # make_ptr: its address is a value
             return {"pointer": {"dtype": value._dtype.__name__, "memspace": value._addr_space.name,
-                                "align": value._assumed_align}}, int(value._pointer)  # fmt: skip
+                                "align": value._assumed_align}}  # fmt: skip
         if _is_stream(value):
-            return self._stream(value)
-        if type(value).__name__ == "SymInt":
-            return {"sym": self._symbol(value)}, None
+            if hasattr(value, "use_tvm_ffi_env_stream"):
+                return _ENV_STREAM if value.use_tvm_ffi_env_stream else {"stream": "fake"}
+            return {"stream": "cuda", "null": int(value) == 0}
+        if kind.__name__ == "SymInt":
+            return {"sym": self._symbol(value)}
         if isinstance(value, type) and issubclass(value, cutlass.Numeric):
-            return {"dsl_type": value.__name__}, None
-        if isinstance(value, cutlass.Numeric):
-            number = {"numeric": type(value).__name__}
-            if constant:
-                return {**number, "value": value.value}, None
-            return number, value.value
-        if isinstance(value, (bool, int, float, str)) or value is None:
-            kind = type(value).__name__
-            return ({"py": kind, "value": value}, None) if constant else ({"py": kind}, value)
+            return {"dsl_type": value.__name__}
+        if isinstance(value, (bool, int, float, str)):  # subclasses of the plain types
+            name = kind.__name__
+            return {"py": name, "value": value} if constant else {"py": name}
         if isinstance(value, (tuple, list)) and constant:
-            items = [self.argument(item, True, f"{where}[{i}]")[0] for i, item in enumerate(value)]
-            return {"tuple": items}, None
+            return {"tuple": [self.argument(item, True, f"{where}[{i}]")
+                              for i, item in enumerate(value)]}  # fmt: skip
         if isinstance(value, enum.Enum) and constant:  # by name: its class holds the rest
-            return {"enum": _qualified(type(value)), "name": value.name}, None
+            return {"enum": _qualified(kind), "name": value.name}
         if constant and hasattr(value, "__dict__") and not inspect.isroutine(value):
             if id(value) in self.describing:
                 raise NotRecreatable(f"{where}: refers to itself, which records cannot hold")
             self.describing.add(id(value))
-            state = {}
-            for attr, item in sorted(vars(value).items()):
-                state[attr] = self.argument(item, True, f"{where}.{attr}")[0]
+            state = {attr: self.argument(item, True, f"{where}.{attr}")
+                     for attr, item in sorted(vars(value).items())}  # fmt: skip
             self.describing.discard(id(value))
-            return {"object": _qualified(type(value)), "state": state}, None
-        raise NotRecreatable(f"{where}: a {type(value).__module__}.{type(value).__qualname__} "
+            return {"object": _qualified(kind), "state": state}
+        raise NotRecreatable(f"{where}: a {kind.__module__}.{kind.__qualname__} "
                              "cannot be described as data")  # fmt: skip
 
     def _symbol(self, sym) -> dict:
@@ -368,31 +417,38 @@ class _Describer:
             "stride32": bool(tensor._use_32bit_stride),
         }}  # fmt: skip
 
-    def _dlpack_tensor(self, tensor):
+    @staticmethod
+    def _dlpack_tensor(tensor) -> dict:
         if tensor._dltensor_wrapper is None:
             tensor.load_dltensor()
-        wrapper = tensor._dltensor_wrapper
-        identity = {"dlpack": {
+        return {"dlpack": {
             "dtype": tensor.element_type.__name__,
-            "layout": wrapper.cache_key(),  # memory space, static sizes, ? for dynamic modes
+            "layout": tensor._dltensor_wrapper.cache_key(),  # static sizes, ? for dynamic modes
             "align": tensor._assumed_align,
             "stride32": bool(tensor._use_32bit_stride),
             "tvm_ffi": hasattr(tensor, "_tvm_ffi_tensor"),
         }}  # fmt: skip
-        example = {
-            "shape": list(tensor.shape),
-            "stride": list(tensor.stride),
-            "storage": str(wrapper.dtype),
-            "marks": getattr(tensor, "_cute_aot_marks", None),
-        }
-        return identity, example
 
-    @staticmethod
-    def _stream(value):
-        if hasattr(value, "use_tvm_ffi_env_stream"):
-            return {"stream": "env" if value.use_tvm_ffi_env_stream else "fake"}, None
-        handle = int(value)
-        return {"stream": "cuda", "null": handle == 0}, handle
+
+def _example(described: dict, value):
+    """What a replay needs of an argument besides its description: the value of a dynamic one
+    (a tensor's shape, strides and marks; an address; a stream handle; a scalar), else None."""
+    if "dlpack" in described:
+        return {
+            "shape": list(value.shape),
+            "stride": list(value.stride),
+            "storage": str(value._dltensor_wrapper.dtype),
+            "marks": getattr(value, "_cute_aot_marks", None),
+        }
+    if "pointer" in described:
+        return int(value._pointer)
+    if described.get("stream") == "cuda":
+        return int(value)
+    if "value" not in described and "numeric" in described:
+        return value.value
+    if "value" not in described and "py" in described:
+        return value
+    return None
 
 
 def _is_stream(value) -> bool:
