@@ -1,6 +1,7 @@
-"""The one thing pyproject.toml cannot say: install the startup hook (runtime/cute-aot-startup.pth)
-at the top of site-packages, where site runs it in every Python process, from a wheel and from an
-editable install alike (runtime/activation.py: it does nothing unless a CUTE_AOT_* variable asks)."""
+"""The one thing pyproject.toml cannot say: install the startup hook
+(runtime/cute-aot-startup.pth) at the top of site-packages, where site runs it in every Python
+process, from a wheel and from an editable install alike (runtime/activation.py: it does nothing
+unless a CUTE_AOT_* variable asks)."""
 
 from pathlib import Path
 

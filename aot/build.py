@@ -217,21 +217,33 @@ def run_build(
             held.enter_context(_one_build_of(out_dir, name))
             refuse_to_drop_families(plan_keys, out_dir, name)
         with _work_folder(out_dir, shard.folder_name(name) if shard else None) as folder:
-            rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress,
-                                       worker)  # fmt: skip
-            outcome = BuildOutcome(name, [rows[(arch, key.symbol)] for arch, key in todo],
-                                   jobs=jobs)  # fmt: skip
+            rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress, worker)
+            outcome = BuildOutcome(
+                name, [rows[(arch, key.symbol)] for arch, key in todo], jobs=jobs
+            )
             if shard:
                 write_shard_file(
-                    folder, shard, name, bundle_version, plan_keys, outcome.rows,
+                    folder,
+                    shard,
+                    name,
+                    bundle_version,
+                    plan_keys,
+                    outcome.rows,
                     tables if record_tables else None,
-                )  # fmt: skip
+                )
                 outcome.shard_folder = out_dir / shard.folder_name(name)
             else:
                 outcome.written, outcome.incomplete = write_bundles(
-                    plan_keys, rows, out_dir, name, bundle_version, cache, allow_failures,
-                    tables if record_tables else None, record_tables,
-                )  # fmt: skip
+                    plan_keys,
+                    rows,
+                    out_dir,
+                    name,
+                    bundle_version,
+                    cache,
+                    allow_failures,
+                    tables if record_tables else None,
+                    record_tables,
+                )
                 outcome.bundles = [bundle.path for bundle in outcome.written]
     outcome.seconds = time.perf_counter() - started
     return outcome
@@ -254,9 +266,16 @@ def merge(
     with _one_build_of(Path(out_dir), merged.name):
         refuse_to_drop_families(merged.keys_by_arch, Path(out_dir), merged.name)
         written, incomplete = write_bundles(
-            merged.keys_by_arch, merged.rows, Path(out_dir), merged.name,
-            merged.bundle_version, cache, allow_failures, merged.tables, merged.record_tables,
-        )  # fmt: skip
+            merged.keys_by_arch,
+            merged.rows,
+            Path(out_dir),
+            merged.name,
+            merged.bundle_version,
+            cache,
+            allow_failures,
+            merged.tables,
+            merged.record_tables,
+        )
     return BuildOutcome(
         merged.name,
         rows,

@@ -103,7 +103,7 @@ def packer_fingerprint() -> dict:
         "link_inputs": {name: sha256_file(path)[0] for name, path in sorted(link_inputs().items())},
         "compiler": _compiler_identity(compiler) if compiler else None,
         "zstd": zstandard.ZSTD_VERSION,
-    }  # fmt: skip
+    }
 
 
 def _compiler_identity(compiler: str) -> str:

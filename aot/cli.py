@@ -240,11 +240,19 @@ def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], 
         recorded_arch = normalize_arch(record["arch"]) if record.get("arch") else None
         for arch in wanted or [recorded_arch]:
             if arch is None:
-                left_out.append((site, target, "-", "recorded without an architecture: "
-                                 "name one with --arch"))  # fmt: skip
+                left_out.append(
+                    (site, target, "-", "recorded without an architecture: name one with --arch")
+                )
             elif key.hardware and arch != recorded_arch:
-                left_out.append((site, target, arch, f"its trace asked the {recorded_arch} GPU "
-                                 f"for {', '.join(sorted(key.hardware))}: replayable there only"))  # fmt: skip
+                left_out.append(
+                    (
+                        site,
+                        target,
+                        arch,
+                        f"its trace asked the {recorded_arch} GPU "
+                        f"for {', '.join(sorted(key.hardware))}: replayable there only",
+                    )
+                )
             else:
                 plan.setdefault(arch, {}).setdefault(key.id, key)
     if left_out:
@@ -656,8 +664,9 @@ def main(
     if misses_file and (shapes or models or model_configs):
         raise click.UsageError("--from-misses builds exactly the logged keys: no --shape/--model")
     if record_file and (shapes or models or model_configs or misses_file):
-        raise click.UsageError("--from-record builds exactly the recorded calls: no --shape/"
-                               "--model/--from-misses")  # fmt: skip
+        raise click.UsageError(
+            "--from-record builds exactly the recorded calls: no --shape/--model/--from-misses"
+        )
     console = _console()
     _stop_on_signals(ctx)
     try:
@@ -717,8 +726,9 @@ def main(
         if write_wheel and outcome.written:  # after signing: wheels hold bundles as shipped
             _write_wheels(console, [bundle.path for bundle in outcome.written], output.out_dir)
         if left_out:
-            raise CuteAotError(f"{len(left_out)} recorded call(s) of {record_file} not built "
-                               "(listed above)")  # fmt: skip
+            raise CuteAotError(
+                f"{len(left_out)} recorded call(s) of {record_file} not built (listed above)"
+            )
     except (CuteAotError, OSError, Stopped) as exc:
         _fail(console, "aot-build", exc)
 

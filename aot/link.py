@@ -73,16 +73,27 @@ def link_library(
         exports.write_text(version_script(list(c_abi_symbols)))
         tmp_output = Path(scratch) / "library.so"
         command = [
-            compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp_output),
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-o",
+            str(tmp_output),
             f"-I{inputs['tvm_ffi_c_api'].parents[2]}",  # <include>/tvm/ffi/c_api.h
-            *map(str, objects), *map(str, sources),
-            str(inputs["dialect_runtime"]), str(inputs["cuda_runtime"]),
+            *map(str, objects),
+            *map(str, sources),
+            str(inputs["dialect_runtime"]),
+            str(inputs["cuda_runtime"]),
             str(inputs["tvm_ffi"]),
-            "-lpthread", "-ldl", "-lrt",
-            f"-Wl,--version-script={exports}", "-Wl,--no-undefined", "-Wl,--build-id=sha1",
+            "-lpthread",
+            "-ldl",
+            "-lrt",
+            f"-Wl,--version-script={exports}",
+            "-Wl,--no-undefined",
+            "-Wl,--build-id=sha1",
             # The library finds libtvm_ffi by soname: the server's tvm_ffi has loaded it already.
             "-Wl,-soname,cute_aot_bundle.so",
-        ]  # fmt: skip
+        ]
         result = subprocess.run(command, capture_output=True, text=True, cwd=scratch)
         if result.returncode != 0:
             what = output.name if output else "the library"

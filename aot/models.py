@@ -40,11 +40,18 @@ def _preset(name: str, **config: Any) -> Model:
 
 
 DEEPSEEK_V3 = dict(
-    hidden_size=7168, n_routed_experts=256, intermediate_size=18432,  # dense layers 0-2
-    n_shared_experts=1, moe_intermediate_size=2048,
-    num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,  # multi-head latent attention
-    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-)  # fmt: skip
+    hidden_size=7168,
+    n_routed_experts=256,
+    intermediate_size=18432,  # dense layers 0-2
+    n_shared_experts=1,
+    moe_intermediate_size=2048,
+    num_attention_heads=128,
+    q_lora_rank=1536,
+    kv_lora_rank=512,  # multi-head latent attention
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+)
 
 # Released models, as the fields of their config.json that kernel families read (the expert count
 # under the field name each model's own config uses).
@@ -92,7 +99,7 @@ PRESETS: dict[str, Model] = {
             head_dim=128,
             intermediate_size=25600,
         ),
-    )  # fmt: skip
+    )
 }
 
 

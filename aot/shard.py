@@ -176,10 +176,14 @@ def load_shards(paths: list[Path]) -> MergeInput:
         table = Table.from_record(record, str(first_folder / SHARD_FILE))
         tables[(table.family, table.arch)] = table
     return MergeInput(
-        first["name"], first["bundle_version"], keys_by_arch, rows, [f for f, _ in documents],
+        first["name"],
+        first["bundle_version"],
+        keys_by_arch,
+        rows,
+        [f for f, _ in documents],
         tables,
         first.get("tables") is not None,
-    )  # fmt: skip
+    )
 
 
 def _read(file: Path) -> dict:

@@ -147,8 +147,10 @@ class Claimed(Exception):
     """Another live process holds the claim; `holder` says who (pid, host, since)."""
 
     def __init__(self, path: Path, holder: dict):
-        super().__init__(f"{path} is held by pid {holder.get('pid', '?')} on "
-                         f"{holder.get('host', '?')} since {holder.get('since', '?')}")  # fmt: skip
+        super().__init__(
+            f"{path} is held by pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')} since {holder.get('since', '?')}"
+        )
         self.holder = holder
 
 
@@ -159,8 +161,12 @@ def claimed(path: str | os.PathLike) -> Iterator[None]:
     process of this machine, has died is taken over; a live owner's raises Claimed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mine = {"owner": owner_tag(), "pid": os.getpid(), "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    mine = {
+        "owner": owner_tag(),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     for _ in range(3):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)

@@ -53,7 +53,8 @@ MAX_COMPRESSION_RATIO = 1000
 MAX_WINDOW_BYTES = 1 << 27  # zstd's own default limit, stated so it cannot drift upwards
 _DECOMPRESS_CHUNK = 4 << 20
 BUNDLE_SUFFIX = ".cuteaot"
-# Installed bundle wheels register their bundles' folder here (aot/wheel.py writes, the runtime reads)
+# Installed bundle wheels register their bundles' folder here (aot/wheel.py writes, the runtime
+# reads)
 BUNDLE_ENTRY_POINT_GROUP = "cute_aot.bundles"
 ZSTD_LEVEL = 10  # fixed level, single thread: the same library always gives the same bytes
 

@@ -336,8 +336,9 @@ class ElfSections:
             if not 0 <= table.link < len(self.sections):
                 raise ElfError(f"symbol table {table.name!r} links to no string table")
             strings = self.sections[table.link]
-            for position in range(table.offset, table.offset + table.size - _SYMBOL.size + 1,
-                                  _SYMBOL.size):  # fmt: skip
+            for position in range(
+                table.offset, table.offset + table.size - _SYMBOL.size + 1, _SYMBOL.size
+            ):
                 name, info, _other, shndx, value, size = _SYMBOL.unpack_from(self._view, position)
                 yield Symbol(
                     self._string(strings.offset, strings.size, name), value, size, shndx, info >> 4

@@ -42,7 +42,8 @@ class OtherArchError(IncompatibleBundleError):
 
 
 class MissingLibraryError(IncompatibleBundleError):
-    """The bundle's library needs a shared library this machine cannot provide; `library` names it."""
+    """The bundle's library needs a shared library this machine cannot provide; `library` names
+    it."""
 
     def __init__(self, path, library: str, message: str):
         self.library = library

@@ -27,46 +27,82 @@ class Setting(namedtuple("Setting", "name default doc")):
         return os.environ.get(self.name) or None
 
 
-BUNDLES = Setting("CUTE_AOT_BUNDLES", "none",
-                  "bundle files, folders or URLs, ':'-separated, loaded at the first op call")  # fmt: skip
-MODE = Setting("CUTE_AOT_MODE", "auto",
-               "auto (bundle, overlay, JIT, torch), aot (bundles only; a miss raises), jit")  # fmt: skip
+BUNDLES = Setting(
+    "CUTE_AOT_BUNDLES",
+    "none",
+    "bundle files, folders or URLs, ':'-separated, loaded at the first op call",
+)
+MODE = Setting(
+    "CUTE_AOT_MODE",
+    "auto",
+    "auto (bundle, overlay, JIT, torch), aot (bundles only; a miss raises), jit",
+)
 CACHE_DIR = Setting(
     "CUTE_AOT_CACHE_DIR",
     "$XDG_CACHE_HOME/cute-aot, else ~/.cache/cute-aot",
     "per-user cache: verified libraries, JIT overlay, miss log, build cache (keep it 0700)",
 )
-MISS_LOG = Setting("CUTE_AOT_MISS_LOG", "<cache dir>/misses.jsonl",
-                   "where servers record the kernels they had to compile: a file, or a folder or "
-                   "URL prefix (s3://bucket/misses/, any fsspec protocol) with one file per process")  # fmt: skip
-HOST = Setting("CUTE_AOT_HOST", "the host name",
-               "name this process's miss file uses; default the host name")  # fmt: skip
-TRUSTED_KEYS = Setting("CUTE_AOT_TRUSTED_KEYS", "none",
-                       "ed25519 public keys (PEM files or folders, ':'-separated) bundles may be signed by")  # fmt: skip
-REQUIRE_SIGNATURE = Setting("CUTE_AOT_REQUIRE_SIGNATURE", "0",
-                            "1: load only bundles signed by a trusted key")  # fmt: skip
-OVERLAY_KEY = Setting("CUTE_AOT_OVERLAY_KEY", "<cache dir>/keys/overlay.pem",
-                      "private key that signs JIT results in the overlay cache")  # fmt: skip
-REVERIFY = Setting("CUTE_AOT_REVERIFY", "0",
-                   "1: verify every bundle's library in full at every load (audits)")  # fmt: skip
-REMOTE_UNSIGNED = Setting("CUTE_AOT_REMOTE_UNSIGNED", "0",
-                          "1: load bundles from URLs without a trusted signature (hashes are still checked)")  # fmt: skip
-RECORD = Setting("CUTE_AOT_RECORD", "none",
-                 "a file, a folder or a URL prefix (s3://bucket/records/, any fsspec protocol; a "
-                 "folder or prefix gets one file per process): every distinct cute.compile call "
-                 "of every process is recorded there, as data `aot-build --from-record` rebuilds")  # fmt: skip
-INTERCEPT = Setting("CUTE_AOT_INTERCEPT", "0",
-                    "1: cute.compile serves recorded kernels from the bundles (by CUTE_AOT_MODE)")  # fmt: skip
-REPORT = Setting("CUTE_AOT_REPORT", "none",
-                 "a JSON file: at exit, each process adds its cute.compile compiles, hits and "
-                 "misses per target and per family to it")  # fmt: skip
-VIRTUAL = Setting("CUTE_AOT_VIRTUAL", "none",
-                  "a GPU profile (h200, b200, ...), an architecture (sm_100a: its reference "
-                  "profile) or a JSON file of overrides: the process becomes a virtual GPU of that "
-                  "profile that records with none present (fake CUDA tensors, stub launches)")  # fmt: skip
-DISABLE = Setting("CUTE_AOT_DISABLE", "0",
-                  "1: the startup hook does nothing in this process and the ones it starts "
-                  "(cute-aot's own tools set it for their workers)")  # fmt: skip
+MISS_LOG = Setting(
+    "CUTE_AOT_MISS_LOG",
+    "<cache dir>/misses.jsonl",
+    "where servers record the kernels they had to compile: a file, or a folder or "
+    "URL prefix (s3://bucket/misses/, any fsspec protocol) with one file per process",
+)
+HOST = Setting(
+    "CUTE_AOT_HOST", "the host name", "name this process's miss file uses; default the host name"
+)
+TRUSTED_KEYS = Setting(
+    "CUTE_AOT_TRUSTED_KEYS",
+    "none",
+    "ed25519 public keys (PEM files or folders, ':'-separated) bundles may be signed by",
+)
+REQUIRE_SIGNATURE = Setting(
+    "CUTE_AOT_REQUIRE_SIGNATURE", "0", "1: load only bundles signed by a trusted key"
+)
+OVERLAY_KEY = Setting(
+    "CUTE_AOT_OVERLAY_KEY",
+    "<cache dir>/keys/overlay.pem",
+    "private key that signs JIT results in the overlay cache",
+)
+REVERIFY = Setting(
+    "CUTE_AOT_REVERIFY", "0", "1: verify every bundle's library in full at every load (audits)"
+)
+REMOTE_UNSIGNED = Setting(
+    "CUTE_AOT_REMOTE_UNSIGNED",
+    "0",
+    "1: load bundles from URLs without a trusted signature (hashes are still checked)",
+)
+RECORD = Setting(
+    "CUTE_AOT_RECORD",
+    "none",
+    "a file, a folder or a URL prefix (s3://bucket/records/, any fsspec protocol; a "
+    "folder or prefix gets one file per process): every distinct cute.compile call "
+    "of every process is recorded there, as data `aot-build --from-record` rebuilds",
+)
+INTERCEPT = Setting(
+    "CUTE_AOT_INTERCEPT",
+    "0",
+    "1: cute.compile serves recorded kernels from the bundles (by CUTE_AOT_MODE)",
+)
+REPORT = Setting(
+    "CUTE_AOT_REPORT",
+    "none",
+    "a JSON file: at exit, each process adds its cute.compile compiles, hits and "
+    "misses per target and per family to it",
+)
+VIRTUAL = Setting(
+    "CUTE_AOT_VIRTUAL",
+    "none",
+    "a GPU profile (h200, b200, ...), an architecture (sm_100a: its reference "
+    "profile) or a JSON file of overrides: the process becomes a virtual GPU of that "
+    "profile that records with none present (fake CUDA tensors, stub launches)",
+)
+DISABLE = Setting(
+    "CUTE_AOT_DISABLE",
+    "0",
+    "1: the startup hook does nothing in this process and the ones it starts "
+    "(cute-aot's own tools set it for their workers)",
+)
 
 SETTINGS: tuple[Setting, ...] = (
     BUNDLES,
@@ -200,8 +236,11 @@ def tool_process():
 
 def activating() -> list[str]:
     """The set variables that ask for the cute.compile hook (empty: the hook stays out)."""
-    return [setting.name for setting in ACTIVATING
-            if setting.raw() and (setting is not INTERCEPT or intercept())]  # fmt: skip
+    return [
+        setting.name
+        for setting in ACTIVATING
+        if setting.raw() and (setting is not INTERCEPT or intercept())
+    ]
 
 
 def intercept() -> bool:

@@ -22,5 +22,10 @@ def console(*, stderr: bool = False, markup: bool = True) -> Console:
     keys, SASS) and must print as it is."""
     stream = sys.stderr if stderr else sys.stdout
     piped = not stream.isatty() and not settings.terminal_columns()
-    return Console(stderr=stderr, markup=markup, highlight=markup, soft_wrap=True,
-                   width=PIPE_WIDTH if piped else None)  # fmt: skip
+    return Console(
+        stderr=stderr,
+        markup=markup,
+        highlight=markup,
+        soft_wrap=True,
+        width=PIPE_WIDTH if piped else None,
+    )

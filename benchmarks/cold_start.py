@@ -7,7 +7,8 @@ Methods:
   bundle_reverify   the same with CUTE_AOT_REVERIFY=1: every open verifies the whole library
                     again (hashes, ELF, every key id), as every open did before
   peers_load_module one exported .o per kernel reloaded with cute.runtime.load_module, as
-                    FlashInfer's CuTe DSL disk cache, quack and FlashAttention-4 do (imports cutlass)
+                    FlashInfer's CuTe DSL disk cache, quack and FlashAttention-4 do (imports
+                    cutlass)
   flashinfer_hit    FlashInfer's own build_and_load_cute_dsl_kernel on a warm disk cache
                     (needs flashinfer-python; give its interpreter with --flashinfer-python)
   jit               import cutlass + cute.compile every kernel (what servers do today)
@@ -15,7 +16,8 @@ Methods:
 Sets come from benchmarks/make_sets.py. Writes JSON.
 
     python benchmarks/cold_start.py --sets benchmarks/sets --set router --set synthetic-100 \
-        --method bundle --method peers_load_module --trials 5 --out benchmarks/results/cold_start.json
+        --method bundle --method peers_load_module --trials 5 \
+        --out benchmarks/results/cold_start.json
 """
 
 from __future__ import annotations
@@ -67,8 +69,10 @@ ready = time.perf_counter()
 if gpu:
     call_all(functions)
 end = time.perf_counter()
-print(json.dumps({"ready_s": ready - start, "total_s": end - start, "cutlass": "cutlass" in sys.modules,
-                  "import_tvm_ffi_s": imported_tvm_ffi - start, "import_cute_aot_s": imported - imported_tvm_ffi,
+print(json.dumps({"ready_s": ready - start, "total_s": end - start,
+                  "cutlass": "cutlass" in sys.modules,
+                  "import_tvm_ffi_s": imported_tvm_ffi - start,
+                  "import_cute_aot_s": imported - imported_tvm_ffi,
                   "open_bundle_s": opened - imported, "lookups_s": ready - opened}))
 """,
     "bundle_reverify": None,  # the bundle child, with CUTE_AOT_REVERIFY=1
@@ -78,13 +82,15 @@ import cutlass.cute as cute
 imported = time.perf_counter()
 functions = []
 for entry in keys:
-    module = cute.runtime.load_module(os.path.join(set_dir, "objects", entry["symbol"] + ".o"), enable_tvm_ffi=True)
+    module = cute.runtime.load_module(
+        os.path.join(set_dir, "objects", entry["symbol"] + ".o"), enable_tvm_ffi=True)
     functions.append(getattr(module, entry["symbol"]))
 ready = time.perf_counter()
 if gpu:
     call_all(functions)
 end = time.perf_counter()
-print(json.dumps({"ready_s": ready - start, "total_s": end - start, "import_cutlass_s": imported - start}))
+print(json.dumps({"ready_s": ready - start, "total_s": end - start,
+                  "import_cutlass_s": imported - start}))
 """,
     "flashinfer_hit": """
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -99,10 +105,12 @@ def compile_fn_for(entry):
         router = family("router_gemm")
         return router.compile(router.Key.from_fields(entry["fields"]), "sm_90a")
     return compile_fn
-functions = [build_and_load_cute_dsl_kernel("cuteaot_bench", entry["symbol"], compile_fn_for(entry)) for entry in keys]
+functions = [build_and_load_cute_dsl_kernel("cuteaot_bench", entry["symbol"],
+                                           compile_fn_for(entry)) for entry in keys]
 ready = time.perf_counter()
 end = time.perf_counter()
-print(json.dumps({"ready_s": ready - start, "total_s": end - start, "import_flashinfer_s": imported - start}))
+print(json.dumps({"ready_s": ready - start, "total_s": end - start,
+                  "import_flashinfer_s": imported - start}))
 """,
     "jit": """
 start = time.perf_counter()
@@ -115,7 +123,8 @@ ready = time.perf_counter()
 if gpu:
     call_all(functions)
 end = time.perf_counter()
-print(json.dumps({"ready_s": ready - start, "total_s": end - start, "import_cutlass_s": imported - start}))
+print(json.dumps({"ready_s": ready - start, "total_s": end - start,
+                  "import_cutlass_s": imported - start}))
 """,
 }
 
@@ -173,7 +182,8 @@ def main(sets_dir, set_names, methods, trials, flashinfer_python, out_path):
             }
             report["results"][f"{set_name}/{method}"] = summary
             print(
-                f"{set_name:16s} {method:18s} {n_keys:5d} keys: ready {summary['median_ready_s'] * 1e3:9.1f} ms"
+                f"{set_name:16s} {method:18s} {n_keys:5d} keys: "
+                f"ready {summary['median_ready_s'] * 1e3:9.1f} ms"
                 f" | total {summary['median_total_s'] * 1e3:9.1f} ms",
                 flush=True,
             )

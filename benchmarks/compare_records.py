@@ -39,24 +39,31 @@ def compare(first: str, second: str, bundles: tuple[Path, Path] | None) -> dict:
     a, b = _records(first), _records(second)
     both = sorted(set(a) & set(b))
     summary = {
-        "first": first, "second": second,
+        "first": first,
+        "second": second,
         "kernels": [len(a), len(b)],
         "same_key_ids": set(a) == set(b),
         "only_first": sorted(set(a) - set(b)),
         "only_second": sorted(set(b) - set(a)),
         "identical_keys": sum(a[k]["key"] == b[k]["key"] for k in both),
-        "same_hardware_answers": sum(json.loads(a[k]["key"]["replay"]).get("hardware") ==
-                                     json.loads(b[k]["key"]["replay"]).get("hardware")
-                                     for k in both),
-        "hardware_answers_used": sum(bool(json.loads(a[k]["key"]["replay"]).get("hardware"))
-                                     for k in both),
+        "same_hardware_answers": sum(
+            json.loads(a[k]["key"]["replay"]).get("hardware")
+            == json.loads(b[k]["key"]["replay"]).get("hardware")
+            for k in both
+        ),
+        "hardware_answers_used": sum(
+            bool(json.loads(a[k]["key"]["replay"]).get("hardware")) for k in both
+        ),
         "same_arch": sum(a[k].get("arch") == b[k].get("arch") for k in both),
-    }  # fmt: skip
+    }
     if bundles:
         x, y = _binaries(bundles[0]), _binaries(bundles[1])
         shared = sorted(set(x) & set(y))
-        equal = [k for k in shared if x[k].get("fatbin_sha256") and
-                 x[k].get("fatbin_sha256") == y[k].get("fatbin_sha256")]  # fmt: skip
+        equal = [
+            k
+            for k in shared
+            if x[k].get("fatbin_sha256") and x[k].get("fatbin_sha256") == y[k].get("fatbin_sha256")
+        ]
         summary["device_code"] = {
             "kernels_in_both_bundles": len(shared),
             "identical_fatbins": len(equal),

@@ -33,8 +33,11 @@ def read_device() -> dict:
         if err == ok:
             attributes[attribute.name.removeprefix("CU_DEVICE_ATTRIBUTE_")] = int(value)
     props = torch.cuda.get_device_properties(device=torch.cuda.current_device())
-    properties = {name: getattr(props, name) for name in dir(props)
-                  if not name.startswith("_") and isinstance(getattr(props, name), (int, str))}  # fmt: skip
+    properties = {
+        name: getattr(props, name)
+        for name in dir(props)
+        if not name.startswith("_") and isinstance(getattr(props, name), (int, str))
+    }
     from cutlass.utils import HardwareInfo
 
     info = HardwareInfo()
@@ -77,8 +80,11 @@ def main(out, compare_file, profile_name):
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from cute_aot.kernels.gpu_profiles import profile
 
-        print(json.dumps(differences(json.loads(compare_file.read_text()), profile(profile_name)),
-                         indent=1))  # fmt: skip
+        print(
+            json.dumps(
+                differences(json.loads(compare_file.read_text()), profile(profile_name)), indent=1
+            )
+        )
         return
     read = read_device()
     text = json.dumps(read, indent=1, sort_keys=True)

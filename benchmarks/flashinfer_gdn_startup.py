@@ -37,7 +37,8 @@ CHILD = textwrap.dedent(
     for shape in family.default_shapes:
         for problem in family.problems(shape):
             first_problem.setdefault(family.dispatch(problem, "sm_90a").key, problem)
-    work = [example_inputs(problem, "cuda", seed=i) for i, problem in enumerate(first_problem.values())]
+    work = [example_inputs(problem, "cuda", seed=i)
+            for i, problem in enumerate(first_problem.values())]
     torch.cuda.synchronize()
     start = time.perf_counter()
     from flashinfer.gdn_decode import gated_delta_rule_decode
@@ -62,8 +63,11 @@ def trial(mode: str, bundles: str, workspace: str) -> dict:
         env.update(FLASHINFER_DISABLE_JIT="1", CUTE_AOT_MODE="aot")
     run = subprocess.run(
         [sys.executable, "-c", CHILD, mode, bundles],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if run.returncode:
         raise click.ClickException(f"{mode} trial failed:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -106,8 +110,10 @@ def main(bundles: str, trials: int, out: Path) -> None:
     out.write_text(json.dumps(results, indent=2) + "\n")
     for mode, seconds in ready.items():
         click.echo(f"{mode:>10}: ready {seconds * 1e3:9.1f} ms after import")
-    click.echo(f"bundle vs JIT {results['speedup_vs_jit']:.0f}x, vs disk cache "
-               f"{results['speedup_vs_disk_cache']:.1f}x -> {out}")  # fmt: skip
+    click.echo(
+        f"bundle vs JIT {results['speedup_vs_jit']:.0f}x, vs disk cache "
+        f"{results['speedup_vs_disk_cache']:.1f}x -> {out}"
+    )
 
 
 if __name__ == "__main__":

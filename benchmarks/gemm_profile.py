@@ -45,8 +45,14 @@ def main(bundles, family_name, m, n, k, repeat):
         scale = torch.ones(1, device="cuda")
         args = (x, w, scale, scale, bias)
         cublas = lambda: torch._scaled_mm(  # noqa: E731
-            x, w.T, scale_a=scale, scale_b=scale, bias=bias, out_dtype=torch.bfloat16,
-            use_fast_accum=True, out=out,
+            x,
+            w.T,
+            scale_a=scale,
+            scale_b=scale,
+            bias=bias,
+            out_dtype=torch.bfloat16,
+            use_fast_accum=True,
+            out=out,
         )
     for _ in range(repeat):
         ours(*args, out)

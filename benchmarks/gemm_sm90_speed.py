@@ -58,8 +58,16 @@ def _cublas(torch, dtype: str):
         return lambda x, w, bias, out: torch.addmm(bias, x, w.T, out=out)
 
     def scaled(x, w, x_scale, w_scale, bias, out):
-        torch._scaled_mm(x, w.T, scale_a=x_scale, scale_b=w_scale, bias=bias,
-                         out_dtype=torch.bfloat16, use_fast_accum=True, out=out)  # fmt: skip
+        torch._scaled_mm(
+            x,
+            w.T,
+            scale_a=x_scale,
+            scale_b=w_scale,
+            bias=bias,
+            out_dtype=torch.bfloat16,
+            use_fast_accum=True,
+            out=out,
+        )
 
     return scaled
 
@@ -113,14 +121,20 @@ def measure(
                 times = seconds_per_call_each({"ours": ours, "cublas": baseline}, sets, out)
                 ours_s, cublas_s = times["ours"], times["cublas"]
                 row = {
-                    "family": family_name, "m": m, "n": n, "k": k, "key": chosen.describe(),
+                    "family": family_name,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "key": chosen.describe(),
                     "default_shape": default_shape,
-                    "ours_us": ours_s * 1e6, "cublas_us": cublas_s * 1e6,
+                    "ours_us": ours_s * 1e6,
+                    "cublas_us": cublas_s * 1e6,
                     "speedup": cublas_s / ours_s,
                     "ours_tflops": 2 * m * n * k / ours_s / 1e12,
                     "cublas_tflops": 2 * m * n * k / cublas_s / 1e12,
-                    "max_abs_diff_vs_cublas": diff, "operand_copies": copies,
-                }  # fmt: skip
+                    "max_abs_diff_vs_cublas": diff,
+                    "operand_copies": copies,
+                }
                 if m <= tactics_max_m:
                     row["tactics_us"] = {
                         key.describe(): seconds_per_call(REGISTRY.resolve(key, arch, {}), sets, out)
@@ -141,8 +155,12 @@ def measure(
 
 
 def _write(path: Path, torch, rows) -> dict:
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
-              "summary": summarize(rows)}  # fmt: skip
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "rows": rows,
+        "summary": summarize(rows),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1))
     return report
@@ -160,9 +178,12 @@ def summarize(rows) -> dict:
         mine = [row for row in rows if row["family"] == family_name]
         worst = min(mine, key=lambda r: r["speedup"])
         summary[family_name] = {
-            **{f"geomean_speedup_{band}": _geomean(r["speedup"] for r in mine
-                                                   if _in_band(r["m"], low, high))
-               for band, low, high in BANDS},
+            **{
+                f"geomean_speedup_{band}": _geomean(
+                    r["speedup"] for r in mine if _in_band(r["m"], low, high)
+                )
+                for band, low, high in BANDS
+            },
             "geomean_speedup_untuned_shapes": _geomean(
                 r["speedup"] for r in mine if not r.get("default_shape", True)
             ),
@@ -181,8 +202,11 @@ def compare_reports(new: dict, old: dict) -> dict:
     """Per family and band: geomean of old time / new time (>1: new faster) and of each run's
     own cuBLAS ratio, over the problems (family, m, n, k) both reports measured."""
     index = {(r["family"], r["m"], r["n"], r["k"]): r for r in old["rows"]}
-    pairs = [(r, index[key]) for r in new["rows"]
-             if (key := (r["family"], r["m"], r["n"], r["k"])) in index]  # fmt: skip
+    pairs = [
+        (r, index[key])
+        for r in new["rows"]
+        if (key := (r["family"], r["m"], r["n"], r["k"])) in index
+    ]
     result = {}
     for family_name in sorted({r["family"] for r, _ in pairs}):
         mine = [(a, b) for a, b in pairs if a["family"] == family_name]
@@ -211,8 +235,13 @@ def plot(report: dict, path: Path) -> None:
         rows = [row for row in report["rows"] if row["family"] == family_name]
         for n, k in sorted({(r["n"], r["k"]) for r in rows}):
             mine = sorted((r for r in rows if (r["n"], r["k"]) == (n, k)), key=lambda r: r["m"])
-            ax.plot([r["m"] for r in mine], [r["speedup"] for r in mine], marker=".", lw=1,
-                    label=f"N={n} K={k}")  # fmt: skip
+            ax.plot(
+                [r["m"] for r in mine],
+                [r["speedup"] for r in mine],
+                marker=".",
+                lw=1,
+                label=f"N={n} K={k}",
+            )
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M")
@@ -226,27 +255,37 @@ def plot(report: dict, path: Path) -> None:
 @click.command()
 @click.option("--bundles", default="bundles", show_default=True)
 @click.option(
-    "--tactics-max-m", default=0, show_default=True,
+    "--tactics-max-m",
+    default=0,
+    show_default=True,
     help="Also time every tactic built into the bundles, for M up to this.",
-)  # fmt: skip
+)
 @click.option("--m", "ms", type=int, multiple=True, help="M to measure (default 1, 2, 4 .. 8192).")
 @click.option("--shapes", "shapes_limit", type=int, default=None, help="First N default shapes.")
 @click.option("--shape", "extra", multiple=True, help="Another N,K (not tuned for), repeatable.")
 @click.option("--out", "out_path", default="benchmarks/results/gemm_sm90_speed.json")
 @click.option("--plot", "plot_from", type=click.Path(exists=True), help="Only plot this JSON.")
-@click.option("--compare", nargs=2, type=click.Path(exists=True),
-              help="NEW OLD: per band, geomean of old time / new time on the problems both hold.")  # fmt: skip
+@click.option(
+    "--compare",
+    nargs=2,
+    type=click.Path(exists=True),
+    help="NEW OLD: per band, geomean of old time / new time on the problems both hold.",
+)
 def main(bundles, tactics_max_m, ms, shapes_limit, extra, out_path, plot_from, compare):
     if plot_from:
         plot(json.loads(Path(plot_from).read_text()), Path(plot_from).with_suffix(".png"))
         return
     if compare:
-        print(json.dumps(compare_reports(*(json.loads(Path(p).read_text()) for p in compare)),
-                         indent=1))  # fmt: skip
+        print(
+            json.dumps(
+                compare_reports(*(json.loads(Path(p).read_text()) for p in compare)), indent=1
+            )
+        )
         return
     extra_shapes = [tuple(int(v) for v in text.split(",")) for text in extra]
-    report = measure(bundles, tactics_max_m, ms or DEFAULT_MS, shapes_limit, extra_shapes,
-                     Path(out_path))  # fmt: skip
+    report = measure(
+        bundles, tactics_max_m, ms or DEFAULT_MS, shapes_limit, extra_shapes, Path(out_path)
+    )
     print(json.dumps(report["summary"], indent=1))
     try:
         plot(report, Path(out_path).with_suffix(".png"))

@@ -35,21 +35,51 @@ def _venv(root: Path) -> Path:
 def main(runs: int, out_path: Path | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                        "--no-build-isolation", "-w", str(tmp), str(REPO)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(tmp),
+                str(REPO),
+            ],
+            check=True,
+        )
         (wheel,) = tmp.glob("cute_aot-*.whl")
         bare, installed = _venv(tmp / "bare"), _venv(tmp / "installed")
-        subprocess.run([sys.executable, "-m", "pip", "--python", str(installed), "install", "-q",
-                        "--no-deps", "--no-index", str(wheel)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(installed),
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-index",
+                str(wheel),
+            ],
+            check=True,
+        )
         clean = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
         cases = {
             "without cute-aot": (bare, clean),
             "with cute-aot, no variable": (installed, clean),
-            "with cute-aot, CUTE_AOT_CACHE_DIR set": (installed, {**clean,
-                                                      "CUTE_AOT_CACHE_DIR": str(tmp / "c")}),
-            "with cute-aot, CUTE_AOT_REPORT set (hook armed)": (installed, {**clean,
-                                                      "CUTE_AOT_REPORT": str(tmp / "r.json")}),
-        }  # fmt: skip
+            "with cute-aot, CUTE_AOT_CACHE_DIR set": (
+                installed,
+                {**clean, "CUTE_AOT_CACHE_DIR": str(tmp / "c")},
+            ),
+            "with cute-aot, CUTE_AOT_REPORT set (hook armed)": (
+                installed,
+                {**clean, "CUTE_AOT_REPORT": str(tmp / "r.json")},
+            ),
+        }
         seconds: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(runs):
             for name, (python, env) in cases.items():

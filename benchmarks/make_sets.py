@@ -7,7 +7,8 @@
 For each set: <out>/<set>/objects/<symbol>.o (what the peers' per-kernel caches hold) and
 <out>/<set>/<set>-<arch>.cuteaot (our bundle), plus keys.json.
 
-    python benchmarks/make_sets.py --out benchmarks/sets --arch sm_90a --synthetic 100 --synthetic 1000
+    python benchmarks/make_sets.py --out benchmarks/sets --arch sm_90a \
+        --synthetic 100 --synthetic 1000
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ state, for the bitwise comparison (`compare`).
 
     python benchmarks/recorded_flashinfer.py run --phase jit --out results/jit.json
     python benchmarks/recorded_flashinfer.py compare results/jit.json results/aot.json
-    python benchmarks/recorded_flashinfer.py versus results/aot.json results/family.json results/jit.json
+    python benchmarks/recorded_flashinfer.py versus results/aot.json results/family.json \
+        results/jit.json
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def sweep(torch, device):
 
                 def decode(args, scale=scale):
                     q, k, v, state, a_log, a, dt_bias, b = args
-                    out, _ = gdn.gated_delta_rule_decode(q, k, v, state, a_log, a, dt_bias, b,
-                                                         scale=scale, backend="flashinfer")  # fmt: skip
+                    out, _ = gdn.gated_delta_rule_decode(
+                        q, k, v, state, a_log, a, dt_bias, b, scale=scale, backend="flashinfer"
+                    )
                     return out, state
 
                 def nontranspose(seed, inputs=inputs, decode=decode):
@@ -156,15 +158,38 @@ def mtp_calls(torch, device, gdn):
                         inter = torch.empty(batch, tokens, hv, 128, 128, device=device, dtype=dtype)
                         if state == "fp32":
                             out, _ = gdn.gated_delta_rule_mtp(
-                                q, k, v, pool, slots, a_log, a, dt_bias, b, scale=128**-0.5,
-                                intermediate_states_buffer=inter, disable_state_update=True,
-                                use_qk_l2norm=True)  # fmt: skip
+                                q,
+                                k,
+                                v,
+                                pool,
+                                slots,
+                                a_log,
+                                a,
+                                dt_bias,
+                                b,
+                                scale=128**-0.5,
+                                intermediate_states_buffer=inter,
+                                disable_state_update=True,
+                                use_qk_l2norm=True,
+                            )
                         else:
                             out, _ = gdn.gated_delta_rule_decode_pretranspose(
-                                q, k, v, None, a_log, a, dt_bias, b, scale=128**-0.5,
-                                use_qk_l2norm=True, initial_state=pool, initial_state_indices=slots,
-                                intermediate_states_buffer=inter, disable_state_update=True,
-                                backend="flashinfer")  # fmt: skip
+                                q,
+                                k,
+                                v,
+                                None,
+                                a_log,
+                                a,
+                                dt_bias,
+                                b,
+                                scale=128**-0.5,
+                                use_qk_l2norm=True,
+                                initial_state=pool,
+                                initial_state_indices=slots,
+                                intermediate_states_buffer=inter,
+                                disable_state_update=True,
+                                backend="flashinfer",
+                            )
                         return out, inter, pool
 
                     params = {"H": h, "HV": hv, "B": batch, "T": tokens}
@@ -198,9 +223,11 @@ def norm_variant_calls(torch, device):
                 gamma, beta = (randn(gen, hidden, dtype=torch.float32) for _ in range(2))
                 return (norm.layernorm(x, gamma, beta, 1e-6),)
 
-            calls += [("gemma_rmsnorm bf16", params, gemma),
-                      ("gemma_fused_add_rmsnorm bf16", params, gemma_add),
-                      ("layernorm bf16", params, layer)]  # fmt: skip
+            calls += [
+                ("gemma_rmsnorm bf16", params, gemma),
+                ("gemma_fused_add_rmsnorm bf16", params, gemma_add),
+                ("layernorm bf16", params, layer),
+            ]
     for heads in (8, 32):
         for rows in (1, 256):
 
@@ -234,9 +261,13 @@ def user_kernel_calls(torch, device):
         if abi == "tvm_ffi":
             if (block, abi) not in compiled:  # the user's own cache, as such code keeps one
                 compiled[block, abi] = cute.compile[cute.EnableTVMFFI(True)](
-                    scale, from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
-                    from_dlpack(y, assumed_align=16).mark_layout_dynamic(), 1.0,
-                    make_fake_stream(use_tvm_ffi_env_stream=True), block=block)  # fmt: skip
+                    scale,
+                    from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
+                    from_dlpack(y, assumed_align=16).mark_layout_dynamic(),
+                    1.0,
+                    make_fake_stream(use_tvm_ffi_env_stream=True),
+                    block=block,
+                )
             compiled[block, abi](x, y, 0.5)
             return (y,)
         tensors = [from_dlpack(t, assumed_align=16).mark_layout_dynamic() for t in (x, y)]
@@ -246,9 +277,16 @@ def user_kernel_calls(torch, device):
         compiled[block, abi](*tensors, 0.5, stream)
         return (y,)
 
-    return [(f"user kernel scale ({abi})", {"n": n, "block": block},
-             lambda seed, n=n, block=block, abi=abi: run(seed, n, block, abi))
-            for abi in ("tvm_ffi", "c") for block in (128, 256) for n in (1000, 1 << 20)]  # fmt: skip
+    return [
+        (
+            f"user kernel scale ({abi})",
+            {"n": n, "block": block},
+            lambda seed, n=n, block=block, abi=abi: run(seed, n, block, abi),
+        )
+        for abi in ("tvm_ffi", "c")
+        for block in (128, 256)
+        for n in (1000, 1 << 20)
+    ]
 
 
 def digest(tensors) -> str:
@@ -275,12 +313,19 @@ def main():
 
 
 @main.command()
-@click.option("--phase", type=click.Choice(["record", "jit", "bare", "disk", "aot", "family"]),
-              required=True)  # fmt: skip
+@click.option(
+    "--phase", type=click.Choice(["record", "jit", "bare", "disk", "aot", "family"]), required=True
+)
 @click.option("--out", "out_path", required=True, type=click.Path(path_type=Path))
 @click.option("--keep-disk-cache", is_flag=True, help="jit: let FlashInfer fill its disk cache.")
-@click.option("--sweep", "sweep_name", type=click.Choice(sorted(SWEEPS)), default="main",
-              show_default=True, help="Which calls: the main sweep, or FlashInfer's other norms.")  # fmt: skip
+@click.option(
+    "--sweep",
+    "sweep_name",
+    type=click.Choice(sorted(SWEEPS)),
+    default="main",
+    show_default=True,
+    help="Which calls: the main sweep, or FlashInfer's other norms.",
+)
 def run(phase, out_path, keep_disk_cache, sweep_name):
     """One phase, in this process (set the environment the phase names before calling)."""
     if phase in ("record", "jit", "bare", "aot", "family") and not keep_disk_cache:
@@ -327,8 +372,12 @@ def run(phase, out_path, keep_disk_cache, sweep_name):
             except Exception as exc:  # listed with the call, the sweep goes on
                 torch.cuda.synchronize()
                 row = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            row.update(name=name, params=params, seconds=time.perf_counter() - t0,
-                       compile_calls=compile_calls["calls"] - before)  # fmt: skip
+            row.update(
+                name=name,
+                params=params,
+                seconds=time.perf_counter() - t0,
+                compile_calls=compile_calls["calls"] - before,
+            )
             rows.append(row)
         passes.append(rows)
     first, second = passes
@@ -381,15 +430,20 @@ def _median(values: list) -> float:
 
 def steady_ratio(base: dict, other: dict) -> dict:
     """Geomean over the calls timed in both of (other's per-call time / base's)."""
-    pairs = [(a["steady_us"], b["steady_us"])
-             for a, b in zip(base["passes"][1], other["passes"][1], strict=True)
-             if "steady_us" in a and "steady_us" in b]  # fmt: skip
+    pairs = [
+        (a["steady_us"], b["steady_us"])
+        for a, b in zip(base["passes"][1], other["passes"][1], strict=True)
+        if "steady_us" in a and "steady_us" in b
+    ]
     if not pairs:
         return {}
     ratio = math.exp(sum(math.log(b / a) for a, b in pairs) / len(pairs))
-    return {"steady_calls_compared": len(pairs), "steady_us_ratio": ratio,
-            "steady_us_median": sorted(b for _, b in pairs)[len(pairs) // 2],
-            "baseline_steady_us_median": sorted(a for a, _ in pairs)[len(pairs) // 2]}  # fmt: skip
+    return {
+        "steady_calls_compared": len(pairs),
+        "steady_us_ratio": ratio,
+        "steady_us_median": sorted(b for _, b in pairs)[len(pairs) // 2],
+        "baseline_steady_us_median": sorted(a for a, _ in pairs)[len(pairs) // 2],
+    }
 
 
 @main.command()
@@ -400,9 +454,12 @@ def compare(baseline, others, out_path):
     """Bitwise outputs and readiness of each phase against the baseline (JIT) phase."""
     base = json.loads(baseline.read_text())
     kernels = base["compile_calls"]
-    summary = {"baseline": base["phase"], "kernels": kernels,
-               "baseline_readiness_ms_per_kernel": 1e3 * base["readiness_seconds"] / max(kernels, 1),
-               "phases": {}}  # fmt: skip
+    summary = {
+        "baseline": base["phase"],
+        "kernels": kernels,
+        "baseline_readiness_ms_per_kernel": 1e3 * base["readiness_seconds"] / max(kernels, 1),
+        "phases": {},
+    }
     for path in others:
         other = json.loads(path.read_text())
         same = [
@@ -412,23 +469,32 @@ def compare(baseline, others, out_path):
         ]
         report = path.with_suffix(".report.json")
         compiles = json.loads(report.read_text())["compiles"] if report.exists() else None
-        row = {"bitwise_equal_calls": sum(same), "compared_calls": len(same),
-               "compiles": compiles, "failed": len(other["failed"]),
-               "compile_call_ms": 1e3 * other["compile_call_seconds"] / max(other["compile_calls"], 1),
-               # the first call also opens the bundle (or imports the compiler): apart
-               "first_compile_call_ms": 1e3 * other["compile_call_seconds_each"][0],
-               "later_compile_call_ms_median": 1e3 * _median(other["compile_call_seconds_each"][1:]),
-               "readiness_ms_per_kernel": 1e3 * other["readiness_seconds"] / max(kernels, 1),
-               "readiness_speedup": base["readiness_seconds"] / max(other["readiness_seconds"], 1e-9),
-               **steady_ratio(base, other)}  # fmt: skip
+        row = {
+            "bitwise_equal_calls": sum(same),
+            "compared_calls": len(same),
+            "compiles": compiles,
+            "failed": len(other["failed"]),
+            "compile_call_ms": 1e3 * other["compile_call_seconds"] / max(other["compile_calls"], 1),
+            # the first call also opens the bundle (or imports the compiler): apart
+            "first_compile_call_ms": 1e3 * other["compile_call_seconds_each"][0],
+            "later_compile_call_ms_median": 1e3 * _median(other["compile_call_seconds_each"][1:]),
+            "readiness_ms_per_kernel": 1e3 * other["readiness_seconds"] / max(kernels, 1),
+            "readiness_speedup": base["readiness_seconds"] / max(other["readiness_seconds"], 1e-9),
+            **steady_ratio(base, other),
+        }
         summary["phases"][other["phase"]] = row
-        print(f"{other['phase']}: {row['bitwise_equal_calls']}/{row['compared_calls']} bitwise equal to "
-              f"{base['phase']}, {row['compiles']} compiles (report), cute.compile calls: first "
-              f"{row['first_compile_call_ms']:.1f} ms, then a median {row['later_compile_call_ms_median']:.3f}"
-              f" ms, readiness "
-              f"{row['readiness_ms_per_kernel']:.1f} ms/kernel vs {summary['baseline_readiness_ms_per_kernel']:.1f}"
-              f" ({row['readiness_speedup']:.0f}x)"
-              + (f"; per call {row['steady_us_ratio']:.3f}x" if "steady_us_ratio" in row else ""))  # fmt: skip
+        print(
+            f"{other['phase']}: {row['bitwise_equal_calls']}/{row['compared_calls']} "
+            f"bitwise equal to "
+            f"{base['phase']}, {row['compiles']} compiles (report), cute.compile calls: first "
+            f"{row['first_compile_call_ms']:.1f} ms, then a median "
+            f"{row['later_compile_call_ms_median']:.3f}"
+            f" ms, readiness "
+            f"{row['readiness_ms_per_kernel']:.1f} ms/kernel vs "
+            f"{summary['baseline_readiness_ms_per_kernel']:.1f}"
+            f" ({row['readiness_speedup']:.0f}x)"
+            + (f"; per call {row['steady_us_ratio']:.3f}x" if "steady_us_ratio" in row else "")
+        )
     if out_path:
         out_path.write_text(json.dumps(summary, indent=1))
 
@@ -443,27 +509,37 @@ def versus(generic, family, jit, out_path):
     serves. A kernel is named by the call that compiled it in the JIT phase; the family serves
     it when that call compiled nothing in the family phase. Readiness is that call's first pass
     minus its second; the per-call time is STEADY_CALLS back-to-back calls on fixed inputs."""
-    reports = {name: json.loads(path.read_text()) for name, path in
-               (("generic", generic), ("family", family), ("jit", jit))}  # fmt: skip
+    reports = {
+        name: json.loads(path.read_text())
+        for name, path in (("generic", generic), ("family", family), ("jit", jit))
+    }
     jit_first = reports["jit"]["passes"][0]
     fam_first = reports["family"]["passes"][0]
     gdn = [i for i, row in enumerate(jit_first) if row["name"].startswith("gdn")]
     introducing = [i for i in gdn if jit_first[i]["compile_calls"] > 0]
     served = [i for i in introducing if fam_first[i]["ok"] and fam_first[i]["compile_calls"] == 0]
-    summary = {"gdn_calls": len(gdn), "gdn_kernels": len(introducing),
-               "kernels_the_family_serves": len(served),
-               "served": [f"{jit_first[i]['name']} {jit_first[i]['params']}" for i in served],
-               "not_served": [f"{jit_first[i]['name']} {jit_first[i]['params']}"
-                              for i in introducing if i not in served]}  # fmt: skip
+    summary = {
+        "gdn_calls": len(gdn),
+        "gdn_kernels": len(introducing),
+        "kernels_the_family_serves": len(served),
+        "served": [f"{jit_first[i]['name']} {jit_first[i]['params']}" for i in served],
+        "not_served": [
+            f"{jit_first[i]['name']} {jit_first[i]['params']}"
+            for i in introducing
+            if i not in served
+        ],
+    }
     for name in ("generic", "family"):
         first, second = reports[name]["passes"]
         summary[name] = {
-            "readiness_ms_per_kernel": 1e3 * sum(first[i]["seconds"] - second[i]["seconds"]
-                                                 for i in served) / max(len(served), 1),
+            "readiness_ms_per_kernel": 1e3
+            * sum(first[i]["seconds"] - second[i]["seconds"] for i in served)
+            / max(len(served), 1),
             "call_us": sum(second[i].get("steady_us", 0.0) for i in served) / max(len(served), 1),
-            "bitwise_equal_to_jit": sum(second[i].get("digest") ==
-                                        reports["jit"]["passes"][1][i]["digest"] for i in served),
-        }  # fmt: skip
+            "bitwise_equal_to_jit": sum(
+                second[i].get("digest") == reports["jit"]["passes"][1][i]["digest"] for i in served
+            ),
+        }
     print(json.dumps(summary, indent=1))
     if out_path:
         out_path.write_text(json.dumps(summary, indent=1))

@@ -1,4 +1,4 @@
-"""Regenerate the README's results section from benchmarks/results/*.json.
+"""Regenerate the generated block of docs/results.md from benchmarks/results/*.json.
 
 python benchmarks/report.py            # rewrites the block between the results markers
 """
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).parent.parent / "README.md"
+RESULTS_DOC = Path(__file__).parent.parent / "docs" / "results.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -67,9 +67,11 @@ def section() -> str:
     if overhead:
         us = overhead["us_per_call"]
         parts += [
-            "**Per-call cost on a hit, H200, eager** — `benchmarks/results/call_overhead_h200.json`",
+            "**Per-call cost on a hit, H200, eager** — "
+            "`benchmarks/results/call_overhead_h200.json`",
             "",
-            f"op with `out=`: {us['op_out']:.2f} µs · bare TVM-FFI function: {us['tvm_ffi_direct']:.2f} µs "
+            f"op with `out=`: {us['op_out']:.2f} µs · "
+            f"bare TVM-FFI function: {us['tvm_ffi_direct']:.2f} µs "
             f"({us['op_over_direct']:.2f}×; median per-turn ratio "
             f"{us.get('op_over_direct_paired', us['op_over_direct']):.2f}×) · "
             f"op allocating its output: {us['op_alloc']:.2f} µs · "
@@ -81,13 +83,13 @@ def section() -> str:
 
 
 def main() -> None:
-    text = README.read_text()
+    text = RESULTS_DOC.read_text()
     block = section()
     if START in text:
         text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    README.write_text(text)
+    RESULTS_DOC.write_text(text)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Baselines, measured in the same run on the same inputs (fp32 logits are what a r
 Graph timings replay a CUDA graph of `calls` back-to-back launches and divide; eager timings are
 wall clock per Python call. Writes JSON (and a PNG when matplotlib is present).
 
-    python benchmarks/router_gemm_speed.py --bundles bundles --out benchmarks/results/router_gemm_h200.json
+    python benchmarks/router_gemm_speed.py --bundles bundles \
+        --out benchmarks/results/router_gemm_h200.json
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def main(bundles, out_path, max_m):
     for shape, facts in summary.items():
         print(
             f"{shape}: geomean x{facts['geomean_speedup_graph_vs_bf16']:.2f} (graph), "
-            f"min x{facts['min_speedup_graph_vs_bf16']:.2f}, eager x{facts['geomean_speedup_eager_vs_bf16']:.2f}"
+            f"min x{facts['min_speedup_graph_vs_bf16']:.2f}, "
+            f"eager x{facts['geomean_speedup_eager_vs_bf16']:.2f}"
         )
     try:
         _plot(rows, Path(out_path).with_suffix(".png"))

@@ -32,7 +32,8 @@ for shape in found.default_shapes:
     for problem in found.problems(shape):
         first_problem.setdefault(found.dispatch(problem, arch).key, problem)
 def tensor(arg, shape):
-    return None if shape is None else torch.randn(shape, device="cuda").to(getattr(torch, arg.dtype))
+    dtype = getattr(torch, arg.dtype)
+    return None if shape is None else torch.randn(shape, device="cuda").to(dtype)
 work = [(key, problem, [tensor(a, s) for a, s in zip(found.inputs, found.input_shapes(problem))])
         for key, problem in first_problem.items()]
 torch.cuda.synchronize()
@@ -84,9 +85,13 @@ def _trial(code: str, bundles: str, family_name: str) -> dict:
 @click.command()
 @click.option("--bundles", default="bundles", show_default=True)
 @click.option(
-    "--family", "family_names", multiple=True, default=["router_gemm"], show_default=True,
+    "--family",
+    "family_names",
+    multiple=True,
+    default=["router_gemm"],
+    show_default=True,
     help="Kernel family, repeatable: each is measured on its own.",
-)  # fmt: skip
+)
 @click.option("--trials", default=5, show_default=True, help="Fresh processes for the bundle path.")
 @click.option(
     "--jit-trials", default=1, show_default=True, help="Fresh processes for JIT (0: skip)."
@@ -99,13 +104,17 @@ def main(bundles, family_names, trials, jit_trials, out_path):
         jit = [_trial(textwrap.dedent(JIT_CHILD), bundles, name) for _ in range(jit_trials)]
         row = report[name] = {
             "keys": aot[0]["keys"],
-            "bundle": {"median_seconds": statistics.median(t["seconds"] for t in aot),
-                       "trials": aot},
-        }  # fmt: skip
+            "bundle": {
+                "median_seconds": statistics.median(t["seconds"] for t in aot),
+                "trials": aot,
+            },
+        }
         line = f"{name}: {row['keys']} keys; bundle {row['bundle']['median_seconds'] * 1e3:.1f} ms"
         if jit:
-            row["jit"] = {"median_seconds": statistics.median(t["seconds"] for t in jit),
-                          "trials": jit}  # fmt: skip
+            row["jit"] = {
+                "median_seconds": statistics.median(t["seconds"] for t in jit),
+                "trials": jit,
+            }
             row["jit_over_bundle"] = row["jit"]["median_seconds"] / row["bundle"]["median_seconds"]
             line += (
                 f" (median of {trials}) | JIT {row['jit']['median_seconds']:.2f} s (import "

@@ -51,8 +51,12 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
         for shape in measured:
             for problem in found.tune_problems(shape):
                 keys = [found.dispatch(problem, arch, t).key for t in (default, tuned)]
-                row = {"problem": list(problem), "shape": list(shape),
-                       "default_key": keys[0].describe(), "tuned_key": keys[1].describe()}  # fmt: skip
+                row = {
+                    "problem": list(problem),
+                    "shape": list(shape),
+                    "default_key": keys[0].describe(),
+                    "tuned_key": keys[1].describe(),
+                }
                 if keys[0] == keys[1]:
                     rows.append({**row, "same_key": True, "speedup": 1.0})
                     continue
@@ -65,9 +69,17 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
                 medians = [statistics.median(t) for t in times]
                 noise = max(max(t) / min(t) - 1 for t in times)
                 speedup = medians[0] / medians[1]
-                rows.append({**row, "same_key": False, "default_us": times[0],
-                             "tuned_us": times[1], "speedup": speedup, "noise": noise,
-                             "slower_beyond_noise": speedup < 1 / (1 + noise)})  # fmt: skip
+                rows.append(
+                    {
+                        **row,
+                        "same_key": False,
+                        "default_us": times[0],
+                        "tuned_us": times[1],
+                        "speedup": speedup,
+                        "noise": noise,
+                        "slower_beyond_noise": speedup < 1 / (1 + noise),
+                    }
+                )
                 del sets, out
                 torch.cuda.empty_cache()
                 print(f"{found.name} {problem} x{speedup:.3f} (noise {noise:.3f})", flush=True)
@@ -105,7 +117,8 @@ def main(bundles, tables_path, only, out_path):
         print(
             f"{name}: {found['problems_with_other_keys']} of {found['problems']} problems get "
             f"another key; geomean x{found['geomean_speedup']:.3f} (where they differ "
-            f"x{found['geomean_speedup_where_keys_differ'] or 1:.3f}), worst x{found['worst']:.3f}, "
+            f"x{found['geomean_speedup_where_keys_differ'] or 1:.3f}), "
+            f"worst x{found['worst']:.3f}, "
             f"{len(found['slower_beyond_noise'])} slower beyond noise"
         )
 

@@ -4,7 +4,8 @@
     python benchmarks/virtual_blackwell.py compare out/records/ --arch sm_100a --out out/sass.json
 
 `record` is a workload script of public API calls (the environment activates the virtual GPU;
-cute-aot is imported only to read the two families' default problems): `mm_bf16(backend="tgv")` and `mm_mxfp8(backend="cute-dsl")` at the default
+cute-aot is imported only to read the two families' default problems): `mm_bf16(backend="tgv")`
+and `mm_mxfp8(backend="cute-dsl")` at the default
 problems of the `flashinfer_tgv_gemm` and `flashinfer_mxfp8_gemm` families (every default shape,
 every M, output dtype, bias and PDL variant those families enumerate). Each call compiles what
 FlashInfer picks untuned; nothing runs.
@@ -45,8 +46,9 @@ def record_calls() -> list[str]:
             b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
             bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if problem.has_bias else None
             flashinfer.mm_bf16(a, b, bias=bias, pdl=problem.pdl, backend="tgv")
-            done.append(f"mm_bf16 tgv m={problem.m} n={n} k={k} bias={problem.has_bias} "
-                        f"pdl={problem.pdl}")  # fmt: skip
+            done.append(
+                f"mm_bf16 tgv m={problem.m} n={n} k={k} bias={problem.has_bias} pdl={problem.pdl}"
+            )
     mxfp8 = family("flashinfer_mxfp8_gemm")
     for n, k in mxfp8.default_shapes:
         for problem in mxfp8.problems((n, k)):
@@ -100,10 +102,15 @@ def device_code(family_name: str, key, arch: str) -> dict:
     sass = normalized_sass(fatbin)
     info = inspect_fatbin(fatbin)
     opcodes = [op for kernel in info.get("kernels", []) for op in kernel.get("opcodes", {})]
-    return {"family": family_name, "key": key.id, "describe": key.describe(), "sm": info["sm"],
-            "sass_sha256": hashlib.sha256(sass.encode()).hexdigest(),
-            "tcgen05": sorted({op for op in opcodes if op.startswith("UTC")}),  # tensor memory MMA
-            "sass_lines": sass.count("\n")}  # fmt: skip
+    return {
+        "family": family_name,
+        "key": key.id,
+        "describe": key.describe(),
+        "sm": info["sm"],
+        "sass_sha256": hashlib.sha256(sass.encode()).hexdigest(),
+        "tcgen05": sorted({op for op in opcodes if op.startswith("UTC")}),  # tensor memory MMA
+        "sass_lines": sass.count("\n"),
+    }
 
 
 @main.command()
@@ -120,18 +127,30 @@ def compare(records, arch, out_path):
         if record.get("key_id") and record.get("arch") == arch:
             key = RecordedCallKey.from_fields(record["key"])
             recorded.setdefault(key.id, key)
-    rows = {"recorded": [device_code(FAMILY, key, arch) for key in recorded.values()],
-            "families": [device_code(name, key, arch) for name in FAMILIES
-                         for key in family(name).enumerate_keys(arch)]}  # fmt: skip
+    rows = {
+        "recorded": [device_code(FAMILY, key, arch) for key in recorded.values()],
+        "families": [
+            device_code(name, key, arch)
+            for name in FAMILIES
+            for key in family(name).enumerate_keys(arch)
+        ],
+    }
     by_sass = {row["sass_sha256"]: row for row in rows["families"]}
     for row in rows["recorded"]:
         match = by_sass.get(row["sass_sha256"])
-        row["same_device_code_as"] = f"{match['family']} {match['key']} ({match['describe']})" if match else None
-    summary = {"arch": arch, "recorded_kernels": len(rows["recorded"]),
-               "family_kernels": len(rows["families"]),
-               "recorded_matching_a_family_kernel": sum(bool(r["same_device_code_as"]) for r in rows["recorded"]),
-               "family_kernels_recorded": len({r["sass_sha256"] for r in rows["recorded"]} & set(by_sass)),
-               **rows}  # fmt: skip
+        row["same_device_code_as"] = (
+            f"{match['family']} {match['key']} ({match['describe']})" if match else None
+        )
+    summary = {
+        "arch": arch,
+        "recorded_kernels": len(rows["recorded"]),
+        "family_kernels": len(rows["families"]),
+        "recorded_matching_a_family_kernel": sum(
+            bool(r["same_device_code_as"]) for r in rows["recorded"]
+        ),
+        "family_kernels_recorded": len({r["sass_sha256"] for r in rows["recorded"]} & set(by_sass)),
+        **rows,
+    }
     text = json.dumps(summary, indent=1)
     if out_path:
         out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -57,8 +57,10 @@ def _entry_points() -> dict[str, metadata.EntryPoint]:
             points = metadata.entry_points(group=ENTRY_POINT_GROUP)
             for point in sorted(points, key=lambda p: p.name):
                 if point.name in found:
-                    _warn(f"kernel family {point.name!r} is registered twice; "
-                          f"{_package(point)!r} ({point.value}) is ignored")  # fmt: skip
+                    _warn(
+                        f"kernel family {point.name!r} is registered twice; "
+                        f"{_package(point)!r} ({point.value}) is ignored"
+                    )
                     continue
                 found[point.name] = point
             _points = found
@@ -91,8 +93,10 @@ def _load(name: str) -> KernelFamily | None:
                         f"{point.value} is named {candidate.name!r}, not {point.name!r}"
                     )
             except Exception as exc:  # one broken plug-in must not take the others down
-                _warn(f"kernel family {point.name!r} from package {_package(point)!r} "
-                      f"({point.value}) is left out: {type(exc).__name__}: {exc}")  # fmt: skip
+                _warn(
+                    f"kernel family {point.name!r} from package {_package(point)!r} "
+                    f"({point.value}) is left out: {type(exc).__name__}: {exc}"
+                )
                 candidate = None
         _loaded[name] = candidate
         return candidate
@@ -229,8 +233,11 @@ def _imports(module: str, root: str) -> list[str]:
             # `from package import module`: look submodules up in packages only (finding
             # `module.name` would import `module`)
             if base.split(".")[0] == root and (_module_file(base) or "").endswith("__init__.py"):
-                names += [f"{base}.{alias.name}" for alias in node.names
-                          if _module_file(f"{base}.{alias.name}")]  # fmt: skip
+                names += [
+                    f"{base}.{alias.name}"
+                    for alias in node.names
+                    if _module_file(f"{base}.{alias.name}")
+                ]
     return [name for name in names if name.split(".")[0] == root]
 
 

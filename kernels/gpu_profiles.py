@@ -44,13 +44,16 @@ class GpuProfile:
 
     @property
     def capability(self) -> tuple[int, int]:
-        return self.attributes["COMPUTE_CAPABILITY_MAJOR"], self.attributes["COMPUTE_CAPABILITY_MINOR"]
+        return self.attributes["COMPUTE_CAPABILITY_MAJOR"], self.attributes[
+            "COMPUTE_CAPABILITY_MINOR"
+        ]
 
     def clusters(self, cluster_size: int) -> int:
         """get_max_active_clusters(cluster_size) on this GPU model."""
         if cluster_size not in self.max_active_clusters:
             raise UnsupportedProblemError(
-                f"GPU profile {self.name} has no max_active_clusters for cluster size {cluster_size}"
+                f"GPU profile {self.name} has no max_active_clusters "
+                f"for cluster size {cluster_size}"
             )
         return self.max_active_clusters[cluster_size]
 
@@ -81,9 +84,12 @@ def _profile(name: str, entry: dict, tags: dict) -> GpuProfile:
         device_names=tuple(entry["device_names"]),
         driver_version=int(value("driver_version", entry["driver_version"])),
         attributes={k: int(value(k, v)) for k, v in entry["attributes"].items()},
-        max_active_clusters={int(size): int(value(f"max_active_clusters({size})", v))
-                             for size, v in entry["max_active_clusters"].items()},  # fmt: skip
-        total_memory=int(value("total_memory", entry["total_memory"])) if "total_memory" in entry
+        max_active_clusters={
+            int(size): int(value(f"max_active_clusters({size})", v))
+            for size, v in entry["max_active_clusters"].items()
+        },
+        total_memory=int(value("total_memory", entry["total_memory"]))
+        if "total_memory" in entry
         else None,
         sources=sources,
     )
@@ -134,19 +140,31 @@ def with_overrides(base: GpuProfile, changes: dict) -> GpuProfile:
     unknown = set(changes) - {"attributes", "max_active_clusters", "name", "driver_version"}
     if unknown:
         raise UnsupportedProblemError(f"GPU profile override: unknown fields {sorted(unknown)}")
-    attributes = {**base.attributes, **{k: int(v) for k, v in changes.get("attributes", {}).items()}}
-    clusters = {**base.max_active_clusters,
-                **{int(k): int(v) for k, v in changes.get("max_active_clusters", {}).items()}}  # fmt: skip
+    attributes = {
+        **base.attributes,
+        **{k: int(v) for k, v in changes.get("attributes", {}).items()},
+    }
+    clusters = {
+        **base.max_active_clusters,
+        **{int(k): int(v) for k, v in changes.get("max_active_clusters", {}).items()},
+    }
     sources = dict(base.sources)
-    changed = [*changes.get("attributes", {}),
-               *(f"max_active_clusters({size})" for size in changes.get("max_active_clusters", {})),
-               *(answer for answer in ("name", "driver_version") if answer in changes)]  # fmt: skip
+    changed = [
+        *changes.get("attributes", {}),
+        *(f"max_active_clusters({size})" for size in changes.get("max_active_clusters", {})),
+        *(answer for answer in ("name", "driver_version") if answer in changes),
+    ]
     sources.update(dict.fromkeys(changed, "overridden by the user"))
-    if arch_for_capability(attributes["COMPUTE_CAPABILITY_MAJOR"],
-                           attributes["COMPUTE_CAPABILITY_MINOR"]) != base.arch:  # fmt: skip
+    if (
+        arch_for_capability(
+            attributes["COMPUTE_CAPABILITY_MAJOR"], attributes["COMPUTE_CAPABILITY_MINOR"]
+        )
+        != base.arch
+    ):
         raise UnsupportedProblemError(
             f"GPU profile override: compute capability {attributes['COMPUTE_CAPABILITY_MAJOR']}."
-            f"{attributes['COMPUTE_CAPABILITY_MINOR']} is not {base.arch}, {base.name}'s architecture"
+            f"{attributes['COMPUTE_CAPABILITY_MINOR']} is not {base.arch}, "
+            f"{base.name}'s architecture"
         )
     return GpuProfile(
         name=base.name,

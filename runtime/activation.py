@@ -4,12 +4,12 @@ The wheel carries `cute-aot-startup.pth` (setup.py puts it at the top of site-pa
 site runs at interpreter start. It imports this module only when one of the variables that need
 the `cute.compile` hook is set (settings.ACTIVATING, which it names: a test keeps the two equal),
 so any other process pays one environment lookup per name. `activate()` then does nothing if
-CUTE_AOT_DISABLE is set or CUTE_AOT_INTERCEPT is not a true value alone. When it is wanted, the hook is
-installed the moment `cutlass` is first imported (a finder on sys.meta_path runs it right after
-`cutlass/__init__` has executed), or at once where cutlass is already imported. So an unmodified
-program, and every process it starts (spawn, forkserver, subprocess, pytest-xdist workers: each
-runs site again; fork children inherit the hook), records or is served from its first compile.
-Neither cutlass nor torch is imported here.
+CUTE_AOT_DISABLE is set or CUTE_AOT_INTERCEPT is not a true value alone. When it is wanted, the
+hook is installed the moment `cutlass` is first imported (a finder on sys.meta_path runs it right
+after `cutlass/__init__` has executed), or at once where cutlass is already imported. So an
+unmodified program, and every process it starts (spawn, forkserver, subprocess, pytest-xdist
+workers: each runs site again; fork children inherit the hook), records or is served from its first
+compile. Neither cutlass nor torch is imported here.
 
 cute-aot's own tools (aot-build, aot-tune) run under `settings.tool_process()`, which sets
 CUTE_AOT_DISABLE=1: their compiles, and those of every process they start, are never recorded
@@ -41,7 +41,8 @@ def state() -> tuple[bool, str]:
         return False, f"{settings.DISABLE.name}=1"
     if not wanted:
         return False, "no activation variable set (" + ", ".join(
-            s.name for s in settings.ACTIVATING) + ")"  # fmt: skip
+            s.name for s in settings.ACTIVATING
+        ) + ")"
     return True, ", ".join(wanted) + " set"
 
 
@@ -100,8 +101,10 @@ def after_import(name: str, callback) -> None:
 
 def _say_if_cutlass_missing() -> None:
     if not _installed and state()[0] and importlib.util.find_spec("cutlass") is None:
-        _warn(f"{state()[1]}, but nvidia-cutlass-dsl is not installed in this environment: "
-              "no cute.compile call could be recorded or served")  # fmt: skip
+        _warn(
+            f"{state()[1]}, but nvidia-cutlass-dsl is not installed in this environment: "
+            "no cute.compile call could be recorded or served"
+        )
 
 
 def _install() -> None:
@@ -123,21 +126,27 @@ def _install() -> None:
 
                 record_from_env()
             if settings.intercept() and virtual.active():
-                _warn(f"{settings.INTERCEPT.name}=1 on a virtual GPU ({settings.VIRTUAL.name}): "
-                      "nothing is served, every compile is recorded")  # fmt: skip
+                _warn(
+                    f"{settings.INTERCEPT.name}=1 on a virtual GPU ({settings.VIRTUAL.name}): "
+                    "nothing is served, every compile is recorded"
+                )
             elif settings.intercept():
                 compile_hook.intercept()
                 if not _bundles_named():
-                    _warn(f"{settings.INTERCEPT.name}=1, but no bundle is named "
-                          f"({settings.BUNDLES.name} is unset) nor installed: every cute.compile "
-                          "call misses")  # fmt: skip
+                    _warn(
+                        f"{settings.INTERCEPT.name}=1, but no bundle is named "
+                        f"({settings.BUNDLES.name} is unset) nor installed: every cute.compile "
+                        "call misses"
+                    )
             if settings.report_file():
                 from cute_aot.runtime import report
 
                 report.write_at_exit()
         except Exception as exc:
-            _warn(f"the cute.compile hook could not be installed ({type(exc).__name__}: {exc}); "
-                  "kernels compile as without cute-aot")  # fmt: skip
+            _warn(
+                f"the cute.compile hook could not be installed ({type(exc).__name__}: {exc}); "
+                "kernels compile as without cute-aot"
+            )
 
 
 def _bundles_named() -> bool:

@@ -12,8 +12,8 @@ Serving follows the one fallback policy (runtime/policy.py) through the recorded
 is the bundle's TVM-FFI function, called exactly as the compiled function would be (the
 compile-time constants and the environment stream left out, keyword arguments as the recorded
 signature names them); for any other, the DSL's JitCompiledFunction loaded from the bundle's
-C-ABI export (runtime/loader.py), which takes the arguments the compile took; a miss compiles as before in mode auto (recorded for the
-next build), raises in mode aot, and mode jit never looks.
+C-ABI export (runtime/loader.py), which takes the arguments the compile took; a miss compiles as
+before in mode auto (recorded for the next build), raises in mode aot, and mode jit never looks.
 """
 
 from __future__ import annotations
@@ -116,8 +116,11 @@ def _logging_mark(name: str, method):
     def mark(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
-        arguments = {k: list(v) if isinstance(v, tuple) else v
-                     for k, v in bound.arguments.items() if k != "self"}  # fmt: skip
+        arguments = {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in bound.arguments.items()
+            if k != "self"
+        }
         marks = self.__dict__.setdefault("_cute_aot_marks", [])
         marks.append([name, arguments])
         return method(self, *args, **kwargs)
@@ -134,7 +137,11 @@ def _compile(self, func, *args, **kwargs):
         return _original(self, func, *args, **kwargs)
     serving, recorders = installed(FAMILY), list(_recorders)
     nested = getattr(_local, "depth", 0) > 0
-    if nested or (serving is None and not recorders and _virtual is None) or hardware.is_probe(func):
+    if (
+        nested
+        or (serving is None and not recorders and _virtual is None)
+        or hardware.is_probe(func)
+    ):
         return _run_original(self, func, args, kwargs, _target_name(func))
     call, why = _describe(self, func, args, kwargs)
     target = call.target if call is not None else _target_name(func)
@@ -219,8 +226,9 @@ def _served(serving, call, why):
     if unfit:
         if mode is Mode.AOT:
             raise KernelNotFoundError(FAMILY, key.id, arch, [], detail=f"{unfit}; mode aot")
-        warn_once(("hardware", key.id), f"cute.compile of {call.target} not served: {unfit}; "
-                  "compiling it")  # fmt: skip
+        warn_once(
+            ("hardware", key.id), f"cute.compile of {call.target} not served: {unfit}; compiling it"
+        )
         return None
     function = serving.function(key, arch, {"target": call.target, "site": _call_site()})
     if function is None:
@@ -249,9 +257,15 @@ def _kernel_for_this_gpu(call, arch: str):
     from cute_aot.runtime.registry import REGISTRY
 
     own = REGISTRY.entry_key(FAMILY, call.call_id, arch)
-    candidates = [own] if own is not None else [
-        fields for fields in REGISTRY.entry_keys(FAMILY, arch)
-        if fields.get("call") == call.identity_json]  # fmt: skip
+    candidates = (
+        [own]
+        if own is not None
+        else [
+            fields
+            for fields in REGISTRY.entry_keys(FAMILY, arch)
+            if fields.get("call") == call.identity_json
+        ]
+    )
     why = None
     for fields in candidates:
         built = RecordedCallKey.from_fields(fields)
@@ -308,8 +322,13 @@ def _rebound(wrapper, function):
     name = getattr(kwargs_wrapper, "_INTERNAL_TARGET_FUNC", None)
     if name is None or name not in wrapper.__globals__:
         return None
-    made = types.FunctionType(wrapper.__code__, {**wrapper.__globals__, name: function},
-                              wrapper.__name__, wrapper.__defaults__, wrapper.__closure__)  # fmt: skip
+    made = types.FunctionType(
+        wrapper.__code__,
+        {**wrapper.__globals__, name: function},
+        wrapper.__name__,
+        wrapper.__defaults__,
+        wrapper.__closure__,
+    )
     made.__kwdefaults__ = wrapper.__kwdefaults__
     return made
 

@@ -108,8 +108,10 @@ class FolderStore:
             info = os.lstat(folder)
             if info.st_uid == os.geteuid() and info.st_mode & _OTHERS_WRITE:
                 os.chmod(folder, stat.S_IMODE(info.st_mode) & ~_OTHERS_WRITE)
-                warn_once(("cache-made-private", str(folder)),
-                          f"{folder} was writable by group or others; made it private")  # fmt: skip
+                warn_once(
+                    ("cache-made-private", str(folder)),
+                    f"{folder} was writable by group or others; made it private",
+                )
 
     def _open_private(self, path: Path) -> int | None:
         """A descriptor of `path` if it is a private regular file (not a link, not a FIFO) in

@@ -216,7 +216,8 @@ def _ld_so_conf_dirs(conf: Path, depth: int = 0) -> list[Path]:
 
 
 def library_search_dirs() -> list[Path]:
-    """Where the system loader looks for a library by name: LD_LIBRARY_PATH, ld.so.conf, defaults."""
+    """Where the system loader looks for a library by name: LD_LIBRARY_PATH, ld.so.conf,
+    defaults."""
     env = [Path(part) for part in settings.library_path()]
     multiarch = f"{host_machine()}-linux-gnu"
     defaults = [Path(d) for d in ("/lib", "/usr/lib", "/lib64", "/usr/lib64")]

@@ -20,7 +20,6 @@ from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.runtime import epoch
 
 
-
 class Mode(str, enum.Enum):
     AUTO = "auto"
     AOT = "aot"

@@ -159,8 +159,9 @@ class FamilyOp:
         arch = device_arch(device)
         if arch is None:
             major, minor = torch.cuda.get_device_capability(device)
-            raise InputError(f"{family_name}: no kernels are built for compute capability "
-                             f"{major}.{minor}")  # fmt: skip
+            raise InputError(
+                f"{family_name}: no kernels are built for compute capability {major}.{minor}"
+            )
         self.family.check_arch(arch)
 
         def find_key():

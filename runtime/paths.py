@@ -10,7 +10,6 @@ from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 __all__ = ["expand_bundle_paths"]
 
 
-
 def expand_bundle_paths(paths: list[Path]) -> list[Path]:
     """Folders become the bundle files directly inside them, sorted by name: regular files only
     (links to them too), since opening a FIFO someone left there would block its reader. One
@@ -26,7 +25,9 @@ def expand_bundle_paths(paths: list[Path]) -> list[Path]:
             if candidate.is_file():
                 found.append(candidate)
             else:
-                warn_once(("not-a-bundle-file", str(candidate)),
-                          f"skipping {candidate}: not a regular file (a FIFO, a device, a "
-                          "folder or a dangling link), so not a bundle")  # fmt: skip
+                warn_once(
+                    ("not-a-bundle-file", str(candidate)),
+                    f"skipping {candidate}: not a regular file (a FIFO, a device, a "
+                    "folder or a dangling link), so not a bundle",
+                )
     return found

@@ -113,9 +113,12 @@ def resolve(
         if mode is Mode.AOT:
             raise
         function = None
-        _degrade(family, ("bundle", arch, key.id),
-                 f"bundle kernel {key.id} of {family} for {arch} is unusable ({_failure(exc)}); "
-                 "falling back")  # fmt: skip
+        _degrade(
+            family,
+            ("bundle", arch, key.id),
+            f"bundle kernel {key.id} of {family} for {arch} is unusable ({_failure(exc)}); "
+            "falling back",
+        )
     if function is not None:
         count(family, HIT)
         return Resolution(function, "bundle")
@@ -126,18 +129,22 @@ def resolve(
     if serves_library is not None:
         count(family, MISS)
         record_miss(key, arch, problem)
-        warn_once(("library-compiles", arch, key.id),
-                  f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
-                  f"{key.id}); {serves_library} compiles it itself; recording the miss")  # fmt: skip
+        warn_once(
+            ("library-compiles", arch, key.id),
+            f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
+            f"{key.id}); {serves_library} compiles it itself; recording the miss",
+        )
         return Resolution(None, "library")
 
     try:
         function = REGISTRY.overlay_function(key, arch)
     except Exception as exc:  # an unwritable, full or damaged overlay folder: compile instead
         function = None
-        _degrade(family, ("overlay", arch),
-                 f"overlay cache unusable for {family} on {arch} ({_failure(exc)}); compiling "
-                 "instead")  # fmt: skip
+        _degrade(
+            family,
+            ("overlay", arch),
+            f"overlay cache unusable for {family} on {arch} ({_failure(exc)}); compiling instead",
+        )
     if function is not None:
         count(family, HIT)
         return Resolution(function, "overlay")
@@ -145,19 +152,28 @@ def resolve(
     count(family, MISS)
     record_miss(key, arch, problem)
     what = "compiling it now (JIT)" if jit.jit_available() else "JIT is not installed"
-    warn_once(("miss", arch, key.id),
-              f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
-              f"{key.id}); {what}; recording the miss")  # fmt: skip
+    warn_once(
+        ("miss", arch, key.id),
+        f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
+        f"{key.id}); {what}; recording the miss",
+    )
     try:
         return Resolution(jit.compiled_function(key, arch, publish=True), "jit")
     except Exception as exc:  # no compiler, a broken cutlass-dsl, a compile error
-        failure = exc if isinstance(exc, JitUnavailableError) else JitUnavailableError(
-            f"JIT of {family} key {key.id} for {arch} failed: {_failure(exc)}"
-        )  # fmt: skip
+        failure = (
+            exc
+            if isinstance(exc, JitUnavailableError)
+            else JitUnavailableError(
+                f"JIT of {family} key {key.id} for {arch} failed: {_failure(exc)}"
+            )
+        )
         if reference is None:
             raise failure from (None if failure is exc else exc)
-        _degrade(family, ("jit", arch, str(failure)),
-                 f"{failure}; {family} runs its torch reference instead")  # fmt: skip
+        _degrade(
+            family,
+            ("jit", arch, str(failure)),
+            f"{failure}; {family} runs its torch reference instead",
+        )
         return Resolution(reference(), "reference")
 
 

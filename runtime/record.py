@@ -56,15 +56,22 @@ class Recorder:
             record, subject = self._record(call, why, queried, compiled, site)
             self._append(record, subject)
         except Exception as exc:  # a record lost is said once; the compile result stands
-            warn_once(("record", self.location, type(exc).__name__),
-                      f"cannot record a cute.compile call into {self.location}: {exc}")  # fmt: skip
+            warn_once(
+                ("record", self.location, type(exc).__name__),
+                f"cannot record a cute.compile call into {self.location}: {exc}",
+            )
 
     def _record(self, call, why, queried, compiled, site):
         from cute_aot.runtime.device import current_gpu_arch
 
-        common = {"format": RECORD_FORMAT, "family": FAMILY, "site": site, "host":
-                  settings.host_name(), "pid": os.getpid(), "time": time.strftime(
-                      "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        common = {
+            "format": RECORD_FORMAT,
+            "family": FAMILY,
+            "site": site,
+            "host": settings.host_name(),
+            "pid": os.getpid(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         if call is None:
             record = {**common, "recreatable": False, "reason": why}
             return record, _subject(record)
@@ -72,9 +79,15 @@ class Recorder:
 
         # The answers hold for this GPU model: a trace that asked any says which it was.
         key = call.key(queried, live_device() if queried else None)
-        record = {**common, "recreatable": True, "key_id": key.id, "key": key.fields(),
-                  "arch": call.arch or current_gpu_arch(), "target": call.target,
-                  "tvm_ffi": call.tvm_ffi}  # fmt: skip
+        record = {
+            **common,
+            "recreatable": True,
+            "key_id": key.id,
+            "key": key.fields(),
+            "arch": call.arch or current_gpu_arch(),
+            "target": call.target,
+            "tvm_ffi": call.tvm_ffi,
+        }
         mismatch = _signature_mismatch(call, compiled)
         if mismatch:
             record.update(servable=False, reason=mismatch)

@@ -80,8 +80,10 @@ def _foreign_difference(built: dict, installed: dict) -> str:
                 f"built against {distribution} {there.get('version')}, installed {here['version']}"
             )
         if there.get("source_hash") != here.get("source_hash"):
-            return (f"{distribution} {here['version']}: its kernel sources differ from the "
-                    "ones built against (a patched or reinstalled copy)")  # fmt: skip
+            return (
+                f"{distribution} {here['version']}: its kernel sources differ from the "
+                "ones built against (a patched or reinstalled copy)"
+            )
     return "built against other distributions: " + ", ".join(sorted(built))
 
 
@@ -122,8 +124,10 @@ class Registry:
         try:
             table = Table.from_record(record, str(bundle.path))
         except TableError as exc:
-            warn_once(("bad-table", str(bundle.path), family_name),
-                      f"{exc}; {family_name} dispatches with the installed package's table")  # fmt: skip
+            warn_once(
+                ("bad-table", str(bundle.path), family_name),
+                f"{exc}; {family_name} dispatches with the installed package's table",
+            )
             return
         first, where = self._tables.setdefault((bundle.arch, family_name), (table, bundle.path))
         if first != table:
@@ -242,16 +246,20 @@ class Registry:
         except OSError as exc:
             if current_mode() is Mode.AOT and not isinstance(exc, FileNotFoundError):
                 raise
-            warn_once(("bundles-unreadable", source),
-                      f"bundle source {source} cannot be read now ({exc.strerror or exc}); "
-                      f"trying again every {ENV_RETRY_SECONDS:g} s while kernels fall back")  # fmt: skip
+            warn_once(
+                ("bundles-unreadable", source),
+                f"bundle source {source} cannot be read now ({exc.strerror or exc}); "
+                f"trying again every {ENV_RETRY_SECONDS:g} s while kernels fall back",
+            )
             self._env_failed[source] = time.monotonic() + ENV_RETRY_SECONDS
             return
         except (BundleError, KeyFileError) as exc:  # a bad bundle at a URL: not a retry
             if current_mode() is Mode.AOT:
                 raise
-            warn_once(("bad-bundle", source),
-                      f"skipping bundle source {source}: {exc}; its kernels fall back")  # fmt: skip
+            warn_once(
+                ("bad-bundle", source),
+                f"skipping bundle source {source}: {exc}; its kernels fall back",
+            )
         self._env_failed.pop(source, None)
         self._env_done.add(source)
 
@@ -297,8 +305,11 @@ class Registry:
         CUTE_AOT_BUNDLES loaded first)."""
         self.load_from_env()
         with self._lock:
-            found = [(bundle, key_id) for (a, f, key_id), bundle in self._index.items()
-                     if a == arch and f == family]  # fmt: skip
+            found = [
+                (bundle, key_id)
+                for (a, f, key_id), bundle in self._index.items()
+                if a == arch and f == family
+            ]
         return [bundle.entries[key_id].key for bundle, key_id in found]
 
     def overlay_function(self, key, arch: str) -> Callable | None:

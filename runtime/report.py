@@ -67,8 +67,10 @@ def _merged(processes: dict) -> dict:
     targets: dict[str, dict[str, int]] = {}
     families: dict[str, dict[str, int]] = {}
     for process in processes.values():
-        for into, counted in ((targets, process.get("targets", {})),
-                              (families, process.get("families", {}))):  # fmt: skip
+        for into, counted in (
+            (targets, process.get("targets", {})),
+            (families, process.get("families", {})),
+        ):
             for name, counts in counted.items():
                 total = into.setdefault(name, {})
                 for outcome, number in counts.items():
@@ -83,9 +85,16 @@ def _merged(processes: dict) -> dict:
         **{total: sum(p.get(total, 0) for p in processes.values()) for total in TOTALS},
         "targets": targets,
         "families": families,
-        **({"unanswerable": [{"site": site, "question": question, "reason": reason, "times": n}
-                             for (site, question, reason), n in sorted(unanswerable.items())]}
-           if unanswerable else {}),  # fmt: skip
+        **(
+            {
+                "unanswerable": [
+                    {"site": site, "question": question, "reason": reason, "times": n}
+                    for (site, question, reason), n in sorted(unanswerable.items())
+                ]
+            }
+            if unanswerable
+            else {}
+        ),
         "processes": processes,
     }
 

@@ -38,7 +38,8 @@ def preload(
 
 
 def model_shapes(model: torch.nn.Module) -> dict[str, list[tuple]]:
-    """{family: shapes} that `model`'s weights ask of each installed family (empty ones left out)."""
+    """{family: shapes} that `model`'s weights ask of each installed family (empty ones left
+    out)."""
     found = {name: f.shapes_from_torch_model(model) for name, f in families().items()}
     return {name: shapes for name, shapes in found.items() if shapes}
 

@@ -12,17 +12,23 @@ from pathlib import Path
 from cute_aot.kernels import family
 
 # The TVM-FFI "safe call" ABI: (handle, args, num_args, result) -> 0 on success. The result is
-# set to None (type index 0), so a call returns None.
+# an int (type index 1): the key's own number (`stub_value`), so a test that calls a loaded
+# function knows which key's code it reached.
 STUB_SOURCE = """
 #include <stdint.h>
 void *TVMFFIEnvGetStream(int32_t device_type, int32_t device_id);
 int __tvm_ffi_{symbol}(void *handle, const void *args, int32_t num_args, void *result) {{
   if (num_args < 0) TVMFFIEnvGetStream(2, 0); /* needs libtvm_ffi, as a real kernel does */
-  ((int64_t *)result)[0] = 0;
-  ((int64_t *)result)[1] = 0;
+  ((int64_t *)result)[0] = 1;
+  ((int64_t *)result)[1] = {value}LL;
   return 0;
 }}
 """
+
+
+def stub_value(key_id: str) -> int:
+    """What the stub function of key `key_id` returns when called."""
+    return int(key_id[:15], 16)
 
 
 def stub_compile(family_name: str, key_fields: dict, arch: str, out_dir: str) -> dict:
@@ -30,14 +36,21 @@ def stub_compile(family_name: str, key_fields: dict, arch: str, out_dir: str) ->
     key = family(family_name).Key.from_fields(key_fields)
     row = {"family": family_name, "key_id": key.id, "symbol": key.symbol, "arch": arch}
     source = Path(out_dir) / f"{key.symbol}.c"
-    source.write_text(STUB_SOURCE.format(symbol=key.symbol))
+    source.write_text(STUB_SOURCE.format(symbol=key.symbol, value=stub_value(key.id)))
     target = Path(out_dir) / f"{key.symbol}.o"
-    subprocess.run(["gcc", "-c", "-O2", "-fPIC", source.name, "-o", target.name],
-                   cwd=out_dir, check=True)  # fmt: skip
+    subprocess.run(
+        ["gcc", "-c", "-O2", "-fPIC", source.name, "-o", target.name], cwd=out_dir, check=True
+    )
     source.unlink()
     data = target.read_bytes()
-    return {**row, "status": "ok", "object": str(target),
-            "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "seconds": 0.0}  # fmt: skip
+    return {
+        **row,
+        "status": "ok",
+        "object": str(target),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "seconds": 0.0,
+    }
 
 
 class RecordingKernel:

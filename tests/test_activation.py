@@ -34,26 +34,55 @@ def _run(args, env, cwd, timeout=900) -> subprocess.CompletedProcess:
 
 
 def _program(tmp_path, *args, **env) -> list[dict]:
-    done = _run([sys.executable, "-m", "tests.user_kernels.plain_program", *args],
-                _env(tmp_path, **env), tmp_path)  # fmt: skip
+    done = _run(
+        [sys.executable, "-m", "tests.user_kernels.plain_program", *args],
+        _env(tmp_path, **env),
+        tmp_path,
+    )
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def _build(tmp_path, record, out, **env) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "cute_aot.aot.cli", "--from-record", str(record), "--arch",
-               "sm90a", "--out", str(out), "--name", "recorded", "--quiet", "--no-cache"]  # fmt: skip
-    return subprocess.run(command, env=_env(tmp_path, **env), cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "cute_aot.aot.cli",
+        "--from-record",
+        str(record),
+        "--arch",
+        "sm90a",
+        "--out",
+        str(out),
+        "--name",
+        "recorded",
+        "--quiet",
+        "--no-cache",
+    ]
+    return subprocess.run(
+        command,
+        env=_env(tmp_path, **env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _serving(bundles: Path, report: Path) -> dict:
-    return {"CUTE_AOT_BUNDLES": str(bundles), "CUTE_AOT_INTERCEPT": "1", "CUTE_AOT_MODE": "aot",
-            "CUTE_AOT_REPORT": str(report)}  # fmt: skip
+    return {
+        "CUTE_AOT_BUNDLES": str(bundles),
+        "CUTE_AOT_INTERCEPT": "1",
+        "CUTE_AOT_MODE": "aot",
+        "CUTE_AOT_REPORT": str(report),
+    }
 
 
 def _records(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
-            for line in path.read_text().splitlines()]  # fmt: skip
+    return [
+        json.loads(line)
+        for path in sorted(folder.glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
 
 # -- the startup file ------------------------------------------------------------------------------
@@ -86,8 +115,23 @@ def _wheel() -> Path:
         import tempfile
 
         out = Path(tempfile.mkdtemp(prefix="cute-aot-wheel-"))
-        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-              "-w", str(out), str(REPO)], dict(os.environ), out, timeout=600)  # fmt: skip
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(out),
+                str(REPO),
+            ],
+            dict(os.environ),
+            out,
+            timeout=600,
+        )
         (_WHEELS["cute_aot"],) = out.glob("cute_aot-*.whl")
     return _WHEELS["cute_aot"]
 
@@ -105,8 +149,11 @@ print(json.dumps({"cute_aot": sorted(m for m in sys.modules if m.startswith("cut
 
 @pytest.mark.parametrize(
     "variables",
-    [{}, {"CUTE_AOT_HOST": "x", "CUTE_AOT_MODE": "aot"}, {"CUTE_AOT_RECORD": "r.jsonl",
-     "CUTE_AOT_DISABLE": "1"}],  # fmt: skip
+    [
+        {},
+        {"CUTE_AOT_HOST": "x", "CUTE_AOT_MODE": "aot"},
+        {"CUTE_AOT_RECORD": "r.jsonl", "CUTE_AOT_DISABLE": "1"},
+    ],
     ids=["nothing set", "no activating variable", "disabled"],
 )
 def test_no_hook_unless_the_environment_asks(tmp_path, variables):
@@ -136,8 +183,11 @@ def test_the_hook_is_installed_when_cutlass_is_imported(tmp_path):
 
 def test_serving_with_no_bundle_is_said_once(tmp_path):
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
-    done = _run([sys.executable, "-c", "import cutlass; import cutlass.cute"],
-                _env(tmp_path, CUTE_AOT_INTERCEPT="1"), tmp_path)  # fmt: skip
+    done = _run(
+        [sys.executable, "-c", "import cutlass; import cutlass.cute"],
+        _env(tmp_path, CUTE_AOT_INTERCEPT="1"),
+        tmp_path,
+    )
     said = [line for line in done.stderr.splitlines() if "cute-aot:" in line]
     assert len(said) == 1 and "CUTE_AOT_BUNDLES is unset" in said[0], done.stderr
 
@@ -154,8 +204,10 @@ def test_a_subprocess_is_recorded_built_and_served(tmp_path):
 
     # cute-aot's own build runs under the same variables, inherited: it neither records nor is
     # served (mode aot would refuse the very keys it builds), workers included
-    inherited = {**_serving(tmp_path / "none", tmp_path / "build-report.json"),
-                 "CUTE_AOT_RECORD": f"{records}/"}  # fmt: skip
+    inherited = {
+        **_serving(tmp_path / "none", tmp_path / "build-report.json"),
+        "CUTE_AOT_RECORD": f"{records}/",
+    }
     built = _build(tmp_path, records, tmp_path / "bundles", **inherited)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert _records(records) == lines
@@ -188,7 +240,10 @@ def test_a_pool_of_a_parent_that_imports_nothing_is_recorded_and_served(tmp_path
     assert len(workers) >= 2, recorded  # compiled in the pool's processes, not the parent
     lines = _records(records)
     assert sorted(json.loads(line["key"]["call"])["args"][-1][1]["value"] for line in lines) == [
-        32, 64, 128, 256,
+        32,
+        64,
+        128,
+        256,
     ]  # every worker's record is on disk, though the pool ends its workers with SIGTERM
     assert {p.name.split("-")[-1].split(".")[0] for p in records.glob("*.jsonl")} <= {
         str(pid) for pid in workers
@@ -212,8 +267,18 @@ def test_pytest_xdist_workers_are_recorded_and_served(tmp_path):
     records, out = tmp_path / "records", tmp_path / "results.jsonl"
 
     def suite(**env):
-        command = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
-                   "--noconftest", str(REPO / "tests" / "user_kernels" / "xdist_workload.py")]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            "--noconftest",
+            str(REPO / "tests" / "user_kernels" / "xdist_workload.py"),
+        ]
         _run(command, _env(tmp_path, WORKLOAD_OUT=str(out), **env), tmp_path)
         results = [json.loads(line) for line in out.read_text().splitlines()]
         out.unlink()
@@ -241,20 +306,33 @@ def test_a_wheel_installed_into_a_fresh_venv_activates_and_uninstalls_without_a_
     home = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(home)
     python = home / "bin" / "python"
-    purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                        {}, tmp_path).stdout.strip())  # fmt: skip
+    purelib = Path(
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            {},
+            tmp_path,
+        ).stdout.strip()
+    )
     before = sorted(p.name for p in purelib.iterdir())
     dependencies = [*site.getsitepackages(), str(Path(cutlass.__path__[0]).parent)]
     (purelib / "dependencies.pth").write_text("\n".join(dependencies) + "\n")
     before.append("dependencies.pth")
     pip = [sys.executable, "-m", "pip", "--python", str(python)]
-    _run([*pip, "install", "-q", "--no-deps", "--no-index", str(_wheel())], dict(os.environ),
-         tmp_path)  # fmt: skip
+    _run(
+        [*pip, "install", "-q", "--no-deps", "--no-index", str(_wheel())],
+        dict(os.environ),
+        tmp_path,
+    )
     assert (purelib / "cute-aot-startup.pth").is_file()
 
     env = {k: v for k, v in _env(tmp_path).items() if k != "PYTHONPATH"}
-    program = [str(python), "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-               "from tests.user_kernels.plain_program import main; main(['64'])", str(REPO)]  # fmt: skip
+    program = [
+        str(python),
+        "-c",
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from tests.user_kernels.plain_program import main; main(['64'])",
+        str(REPO),
+    ]
     _run(program, {**env, "CUTE_AOT_RECORD": str(tmp_path / "calls.jsonl")}, tmp_path)
     assert len((tmp_path / "calls.jsonl").read_text().splitlines()) == 1
 

@@ -70,8 +70,17 @@ def hold_fsync(seconds: float) -> tuple[str, ...]:
     """A command prefix under which every fsync first waits `seconds` (strace fault injection)."""
     if not shutil.which("strace"):
         pytest.skip("needs strace, to hold a build inside fsync")
-    return ("strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync",
-            "-e", f"inject=fsync:delay_enter={int(seconds * 1e6)}")  # fmt: skip
+    return (
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+        "-e",
+        "trace=fsync",
+        "-e",
+        f"inject=fsync:delay_enter={int(seconds * 1e6)}",
+    )
 
 
 def start(env: dict, out: Path, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.Popen:
@@ -81,8 +90,12 @@ def start(env: dict, out: Path, *args: str, wrap: tuple[str, ...] = ()) -> subpr
     with open(log, "w") as output:
         process = subprocess.Popen(
             [*command, "--no-cache", "--quiet", *args],
-            cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     process.log = log
     return process
 
@@ -208,8 +221,17 @@ def test_a_full_disk_fails_in_one_line_and_leaves_nothing_half_written(tmp_path,
     if mounted.returncode != 0:  # no tmpfs: the first fsync (the bundle's) says the disk is full
         if not shutil.which("strace"):
             pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.decode().strip()}) nor run strace")
-        wrap = ("strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync",
-                "-e", "inject=fsync:error=ENOSPC")  # fmt: skip
+        wrap = (
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=fsync",
+            "-e",
+            "inject=fsync:error=ENOSPC",
+        )
     try:
         status, output = finish(start(env, out, *ROUTER_SM90, wrap=wrap))
         left = sorted(p.name for p in out.iterdir())
@@ -326,8 +348,14 @@ def test_a_build_of_other_families_never_silently_replaces_a_bundle(tmp_path, en
     assert status == 0, output
     before = sha256(out / BUNDLE)
     # README: the FlashInfer command, into the folder that holds the other families' bundle
-    readme = ("--arch", "sm90a", "--families", "flashinfer_gdn_decode",
-              "--model", "qwen3-next-80b-a3b")  # fmt: skip
+    readme = (
+        "--arch",
+        "sm90a",
+        "--families",
+        "flashinfer_gdn_decode",
+        "--model",
+        "qwen3-next-80b-a3b",
+    )
     status, output = run(env, out, *readme)
     assert status != 0
     assert "gemm_sm90" in output and "router_gemm" in output and "--name" in output
@@ -336,8 +364,9 @@ def test_a_build_of_other_families_never_silently_replaces_a_bundle(tmp_path, en
     assert status == 0, output
     assert sha256(out / BUNDLE) == before and (out / "flashinfer-sm_90a.cuteaot").exists()
     # The same families again (or more) replace their bundle as before.
-    status, output = run(env, out, "--families", "router_gemm,gemm_sm90,gemm_sm90_fp8",
-                         "--arch", "sm90a")  # fmt: skip
+    status, output = run(
+        env, out, "--families", "router_gemm,gemm_sm90,gemm_sm90_fp8", "--arch", "sm90a"
+    )
     assert status == 0, output
 
 

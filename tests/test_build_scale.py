@@ -183,9 +183,14 @@ def test_failing_and_crashing_keys_are_reported_and_the_rest_builds(tmp_path, co
     # Allowed failures (in this process: no crashing key here): the bundle holds the rest.
     plan = {"sm_90a": [dot_key(m, 64) for m in (1, 2, FAIL_M)]}
     allowed = run_build(
-        plan, tmp_path / "allowed", name="f", jobs=1, show_progress=False,
-        worker=fake_compile, allow_failures=True,
-    )  # fmt: skip
+        plan,
+        tmp_path / "allowed",
+        name="f",
+        jobs=1,
+        show_progress=False,
+        worker=fake_compile,
+        allow_failures=True,
+    )
     (manifest,) = [read_bundle(p)[0] for p in allowed.bundles]
     assert {e.key_id for e in manifest.entries} == {dot_key(m, 64).id for m in (1, 2)}
     assert allowed.incomplete == {"sm_90a": 1}
@@ -339,8 +344,16 @@ def test_cache_digest_changes_with_what_changes_the_object(tmp_path):
     cache.toolchain = {**cache.toolchain, "cutlass_dsl": {"nvidia-cutlass-dsl": "9.9.9"}}
     assert base != cache.object_digest(key, "sm_90a")
 
-    row = {"family": "router_gemm", "key_id": key.id, "symbol": key.symbol, "arch": "sm_90a",
-           "sha256": "0" * 64, "size": 10, "seconds": 1.0, "object": "/tmp/x.o"}  # fmt: skip
+    row = {
+        "family": "router_gemm",
+        "key_id": key.id,
+        "symbol": key.symbol,
+        "arch": "sm_90a",
+        "sha256": "0" * 64,
+        "size": 10,
+        "seconds": 1.0,
+        "object": "/tmp/x.o",
+    }
     bundle = cache.bundle_digest("n", "sm_90a", "1.0", [row], {})
     assert bundle == cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "seconds": 9.0}], {})
     assert bundle != cache.bundle_digest("n", "sm_90a", "1.0", [{**row, "sha256": "1" * 64}], {})
@@ -375,9 +388,14 @@ def test_merge_refuses_incomplete_or_tampered_shards(tmp_path):
     with pytest.raises(ShardError, match="does not match its recorded sha256"):
         merge([tmp_path / "shards"], tmp_path / "out")
     other = run_build(
-        {"sm_90a": [dot_key(1, 64)]}, tmp_path / "other", name="scale", shard=Shard(1, 2),
-        jobs=1, show_progress=False, worker=fake_compile,
-    )  # fmt: skip
+        {"sm_90a": [dot_key(1, 64)]},
+        tmp_path / "other",
+        name="scale",
+        shard=Shard(1, 2),
+        jobs=1,
+        show_progress=False,
+        worker=fake_compile,
+    )
     with pytest.raises(ShardError, match="differ in plan_sha256"):
         merge([shard_dirs[0], other.shard_folder], tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -410,14 +428,23 @@ def test_presets_cover_the_reference_models_and_the_default_shapes():
     assert set(router.default_shapes) < {shape for found in shapes.values() for shape in found}
     assert all(model.source == "preset" for model in PRESETS.values())
     gemm = family("gemm_sm90")
-    dense = {shape for name in ("llama-3-8b", "llama-3-70b", "qwen3-32b", "deepseek-v3")
-             for shape in family_shapes(PRESETS[name], gemm)}  # fmt: skip
+    dense = {
+        shape
+        for name in ("llama-3-8b", "llama-3-70b", "qwen3-32b", "deepseek-v3")
+        for shape in family_shapes(PRESETS[name], gemm)
+    }
     assert dense == set(gemm.default_shapes)
     assert family_shapes(PRESETS["deepseek-v3"], gemm) == [
-        (1536, 7168), (24576, 1536), (576, 7168), (32768, 512), (7168, 16384),  # MLA
-        (36864, 7168), (7168, 18432),  # dense MLP (layers 0-2)
-        (4096, 7168), (7168, 2048),  # shared expert
-    ]  # fmt: skip
+        (1536, 7168),
+        (24576, 1536),
+        (576, 7168),
+        (32768, 512),
+        (7168, 16384),  # MLA
+        (36864, 7168),
+        (7168, 18432),  # dense MLP (layers 0-2)
+        (4096, 7168),
+        (7168, 2048),  # shared expert
+    ]
 
 
 @pytest.mark.parametrize(
@@ -427,11 +454,13 @@ def test_presets_cover_the_reference_models_and_the_default_shapes():
         ({"hidden_size": 4096, "num_local_experts": 8}, (8, 4096)),
         ({"hidden_size": 2048, "num_experts": 128, "n_routed_experts": None}, (128, 2048)),
         ({"text_config": {"hidden_size": 5120, "num_local_experts": 16}}, (16, 5120)),
-        ({"hidden_size": 1, "llm_config": {"hidden_size": 3072, "moe_num_experts": 64}},
-         (64, 3072)),
+        (
+            {"hidden_size": 1, "llm_config": {"hidden_size": 3072, "moe_num_experts": 64}},
+            (64, 3072),
+        ),
         ({"num_experts": 32, "language_config": {"hidden_size": 1536}}, (32, 1536)),
     ],
-)  # fmt: skip
+)
 def test_hf_config_gives_the_router_shape(tmp_path, config, shape):
     folder = tmp_path / "Some-MoE"
     folder.mkdir()
@@ -526,8 +555,11 @@ def test_cli_reports_a_failed_key_and_exits_non_zero_unless_allowed(tmp_path):
 def test_aot_build_shards_merge_cache_and_reproducibility_with_real_kernels(tmp_path, monkeypatch):
     """The issue's acceptance checks in miniature: 3 small real keys on two architectures."""
     monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
-    keys = [("sm_90a", dispatch(1, 256, 8, "sm_90a")), ("sm_90a", dispatch(2, 512, 8, "sm_90a")),
-            ("sm_100a", dispatch(1, 256, 8, "sm_100a"))]  # fmt: skip
+    keys = [
+        ("sm_90a", dispatch(1, 256, 8, "sm_90a")),
+        ("sm_90a", dispatch(2, 512, 8, "sm_90a")),
+        ("sm_100a", dispatch(1, 256, 8, "sm_100a")),
+    ]
     log = tmp_path / "misses.jsonl"
     log.write_text(
         "\n".join(json.dumps({"family": k.FAMILY, "key": k.fields(), "arch": a}) for a, k in keys)

@@ -135,6 +135,15 @@ def test_magic_is_what_the_writer_writes(bundle):
     assert path.read_bytes().startswith(MAGIC)
 
 
-def test_errors_share_one_base():
-    assert issubclass(BundleFormatError, CuteAotError)
-    assert issubclass(BundleIntegrityError, CuteAotError)
+def test_a_damaged_bundle_is_refused_with_an_error_of_the_one_base(bundle, tmp_path):
+    path, _ = bundle
+    data = bytearray(path.read_bytes())
+    truncated = tmp_path / "truncated-sm_90a.cuteaot"
+    truncated.write_bytes(data[:-1])
+    data[len(MAGIC) + 64] ^= 0xFF  # a byte of the manifest
+    flipped = tmp_path / "flipped-sm_90a.cuteaot"
+    flipped.write_bytes(data)
+    for damaged, kind in ((truncated, BundleFormatError), (flipped, BundleIntegrityError)):
+        with pytest.raises(CuteAotError) as caught:
+            read_bundle(damaged)
+        assert isinstance(caught.value, kind), caught.value

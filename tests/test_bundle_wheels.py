@@ -140,10 +140,13 @@ def test_the_writer_and_the_runtime_name_one_entry_point_group():
     [
         ({"libc.so.6": ("GLIBC_2.2.5", "GLIBC_2.17")}, "x86_64", "manylinux_2_17_x86_64"),
         ({"libc.so.6": ("GLIBC_2.2.5",)}, "x86_64", "manylinux_2_17_x86_64"),  # the floor
-        ({"libc.so.6": ("GLIBC_2.28", "GLIBC_PRIVATE"), "libm.so.6": ("GLIBC_2.29",)},
-         "aarch64", "manylinux_2_29_aarch64"),
+        (
+            {"libc.so.6": ("GLIBC_2.28", "GLIBC_PRIVATE"), "libm.so.6": ("GLIBC_2.29",)},
+            "aarch64",
+            "manylinux_2_29_aarch64",
+        ),
     ],
-)  # fmt: skip
+)
 def test_manylinux_level_is_the_newest_glibc_needed(versions, machine, tag):
     info = DynamicInfo(machine, (), None, None, None, frozenset(), versions)
     major, minor = wheel.glibc_needed(info)
@@ -220,9 +223,11 @@ def test_pip_installed_wheels_are_found_with_nothing_configured(stub_bundles, wh
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = venv / "bin" / "python"
-    venv_site = Path(subprocess.check_output(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"], text=True
-    ).strip())  # fmt: skip
+    venv_site = Path(
+        subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"], text=True
+        ).strip()
+    )
     # cute-aot and its dependencies come from this environment, as a site folder (its .pth
     # files run: cute-aot is an editable install); the bundle wheels are installed by pip.
     (venv_site / "this-environment.pth").write_text(

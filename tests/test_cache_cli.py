@@ -129,8 +129,13 @@ def test_ls_in_a_pipe_keeps_every_path_whole(bundles, tmp_path):
     target = deep / by_arch["sm_90a"].name
     shutil.copy(by_arch["sm_90a"], target)
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    piped = subprocess.run([sys.executable, "-m", "cute_aot.runtime.aot_cache.cli", "ls", str(target)],
-                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    piped = subprocess.run(
+        [sys.executable, "-m", "cute_aot.runtime.aot_cache.cli", "ls", str(target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert piped.returncode == 0, piped.stderr
     (row,) = [line for line in piped.stdout.splitlines() if str(target) in line]
     assert "sm_90a" in row
@@ -465,7 +470,8 @@ def test_explain_neither_imports_cutlass_nor_loads_a_library(bundles, tmp_path):
         "assert 'libtvm_ffi' not in maps, 'libtvm_ffi was loaded'\n"
         f"loaded = [d for d in {digests!r} if d in maps]\n"
         "assert not loaded, f'bundle libraries mapped: {loaded}'\n"
-        f"assert not Path({str(tmp_path / 'cache' / 'libs')!r}).exists(), 'a library was unpacked'\n"
+        f"assert not Path({str(tmp_path / 'cache' / 'libs')!r}).exists(), "
+        "'a library was unpacked'\n"
     )
     env = {**os.environ, "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache")}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
@@ -564,8 +570,12 @@ def test_explain_reads_router_dtypes_as_before():
         [decision] = report["decisions"]
         assert decision["dispatch"] == expected.reason and decision["key_id"] == expected.key.id
         assert report["problem"] == {
-            "m": 5, "k": 4096, "n": 256, "x_dtype": "bfloat16", "w_dtype": "bfloat16"
-        }  # fmt: skip
+            "m": 5,
+            "k": 4096,
+            "n": 256,
+            "x_dtype": "bfloat16",
+            "w_dtype": "bfloat16",
+        }
     bad = run("explain", "router_gemm", "--shape", "5,256,4096", "--dtype", "a,b,c", code=2)
     assert "is not DTYPE or X_DTYPE,W_DTYPE" in bad.output
 
@@ -617,6 +627,14 @@ def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, monkeypatch)
         forget_recorded()  # each record as another server process writes it (once per key)
         record_miss(dispatch(m, k, n, arch), arch, {"m": m, "k": k, "n": n})
         time.sleep(0.001)
+    # The three misses of one key at times out of order in the file (a record's time has 1 s
+    # resolution, so a run this short would give them one time and hide a swap).
+    top_id, times = dispatch(3, 2880, 128, "sm_90a").id, iter(["00:20", "00:05", "00:40"])
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for line in lines:
+        if line["key_id"] == top_id and line["arch"] == "sm_90a":
+            line["time"] = f"2026-01-01T00:{next(times)}Z"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with open(log, "a") as handle:
         handle.write('{"torn line\n')  # a crashed writer's partial line is skipped
     out = tmp_path / "to-build.jsonl"
@@ -626,7 +644,7 @@ def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, monkeypatch)
     assert top["count"] == 3 and top["arch"] == "sm_90a"
     assert top["key_id"] == dispatch(3, 2880, 128, "sm_90a").id
     assert top["problems"] == [{"k": 2880, "m": 3, "n": 128}]
-    assert top["first_seen"] <= top["last_seen"]
+    assert (top["first_seen"], top["last_seen"]) == ("2026-01-01T00:00:05Z", "2026-01-01T00:00:40Z")
     held = {(row["arch"], row["key_id"]): row["in_bundles"] for row in report["keys"]}
     assert held[("sm_90a", dispatch(*SPLITK, "sm_90a").id)] is True
     assert held[("sm_100a", dispatch(3, 2880, 128, "sm_100a").id)] is False

@@ -64,9 +64,11 @@ def keys(tmp_path_factory) -> Keys:
     (folder / "trusted").mkdir()
     (folder / "trusted" / "release.pub.pem").write_bytes(_public_pem(release))
     return Keys(
-        release, folder / "release.pem", folder / "trusted" / "release.pub.pem",
+        release,
+        folder / "release.pem",
+        folder / "trusted" / "release.pub.pem",
         folder / "stranger.pem",
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -260,8 +262,12 @@ def test_aot_build_cache_flags(tmp_path, keys, compile_log, aot_build):
     keys_built = len(compile_log())
     assert keys_built == TOTAL_KEYS and "refused" not in stranger.output
 
-    trust = ["--cache-trusted-keys", keys.release_public.parent,
-             "--cache-sign-key", keys.release_private]  # fmt: skip
+    trust = [
+        "--cache-trusted-keys",
+        keys.release_public.parent,
+        "--cache-sign-key",
+        keys.release_private,
+    ]
     release = aot_build(*shared, *trust, "--out", tmp_path / "b")
     assert release.exit_code == 0, release.output
     assert len(compile_log()) == 2 * keys_built
@@ -282,8 +288,7 @@ def test_aot_build_cache_flags(tmp_path, keys, compile_log, aot_build):
 
 def test_aot_build_cache_flags_refuse_misuse(tmp_path, keys, aot_build):
     out = ["--out", tmp_path / "out", "--quiet"]
-    no_cache = aot_build(*out, "--no-cache", "--cache-trusted-keys",
-                         keys.release_public)  # fmt: skip
+    no_cache = aot_build(*out, "--no-cache", "--cache-trusted-keys", keys.release_public)
     assert no_cache.exit_code == 2 and "leave out --no-cache" in no_cache.output
     (tmp_path / "empty").mkdir()
     empty = aot_build(*out, "--cache-trusted-keys", tmp_path / "empty")

@@ -141,7 +141,7 @@ def test_a_damaged_overlay_entry_is_replaced_and_used_by_the_next_process(fresh_
     assert report == {"compiles": 0, "type": "Function", "cutlass": False}
 
 
-# -- the overlay's own trust policy ------------------------------------------------------------------
+# -- the overlay's own trust policy ----------------------------------------------------------------
 def _entry(fresh_runtime, sign: bool):
     """A one-kernel bundle at its overlay path (manifest only matters: trust is checked first)."""
     import dataclasses

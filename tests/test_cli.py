@@ -138,10 +138,13 @@ def test_shapes_add_to_every_familys_defaults(toy, monkeypatch):
         ("router_gemm:2,7", "is not a router_gemm shape, expected router_gemm:N,K"),
         ("toy:1", "'toy:1' is not a toy shape, expected toy:R,C"),
         ("toy:1,0", "'toy:1,0' is not a toy shape, expected toy:R,C"),
-        ("nope:1,2", "unknown kernel family 'nope'; installed families and their shapes: "
-                     "router_gemm:N,K (or plain N,K), toy:R,C"),
+        (
+            "nope:1,2",
+            "unknown kernel family 'nope'; installed families and their shapes: "
+            "router_gemm:N,K (or plain N,K), toy:R,C",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_shape_is_a_usage_error_naming_family_and_syntax(toy, shape, expected):
     result = CliRunner().invoke(main, ["--shape", shape])
     assert result.exit_code == 2
@@ -241,10 +244,14 @@ def test_a_preset_gives_every_familys_shapes(toy, monkeypatch):
 
 def test_a_config_gives_every_familys_shapes_from_its_language_section(toy, monkeypatch, tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({
-        "hidden_size": 1024,  # the vision tower's: the nested language section wins
-        "text_config": {"hidden_size": 5120, "num_local_experts": 16},
-    }))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "hidden_size": 1024,  # the vision tower's: the nested language section wins
+                "text_config": {"hidden_size": 5120, "num_local_experts": 16},
+            }
+        )
+    )
     plan, output = planned(monkeypatch, "--model-config", str(config), "--arch", "sm_90a")
     assert "router_gemm 16,5120; toy 5120,2" in output
     assert set(plan["sm_90a"]) == router_keys("sm_90a", [(16, 5120)]) | {ToyKey(5120, 2)}
@@ -306,8 +313,10 @@ def test_models_lists_each_familys_shapes_and_key_counts(toy, monkeypatch):
         if line.startswith("│ kimi-k2 ")
     ]
     router = family(ROUTER)
-    counts = [str(len(router.enumerate_keys(arch, [(384, 7168)]))) for arch in
-              ("sm_90a", "sm_100a", "sm_103a")]  # fmt: skip
+    counts = [
+        str(len(router.enumerate_keys(arch, [(384, 7168)])))
+        for arch in ("sm_90a", "sm_100a", "sm_103a")
+    ]
     assert rows == [
         ["kimi-k2", ROUTER, "N,K: 384,7168", *counts, "preset"],
         ["kimi-k2", "toy", "R,C: 7168,2", "1", "-", "-", "preset"],

@@ -210,8 +210,11 @@ def test_dispatch_block_size_rule(rmsnorm, n, block_size):
 
 
 def test_one_key_serves_every_token_count(rmsnorm):
-    keys = {rmsnorm.dispatch((m, 4096), arch).key for m in (1, 7, 128, 1000, 1 << 20)
-            for arch in ("sm_90a", "sm100a")}  # fmt: skip
+    keys = {
+        rmsnorm.dispatch((m, 4096), arch).key
+        for m in (1, 7, 128, 1000, 1 << 20)
+        for arch in ("sm_90a", "sm100a")
+    }
     assert len(keys) == 1
     assert rmsnorm.dispatch((1, 4096), "sm_90a").key != rmsnorm.dispatch((1, 7168), "sm_90a").key
 
@@ -387,13 +390,17 @@ def mixed_bundle(site, tmp_path_factory) -> Path:
     out = work / "bundles"
     result = _command(
         "aot-build",
-        "--families", "router_gemm,rmsnorm",
-        "--shape", "rmsnorm:4096",
-        "--arch", "sm90a",
-        "--out", str(out),
+        "--families",
+        "router_gemm,rmsnorm",
+        "--shape",
+        "rmsnorm:4096",
+        "--arch",
+        "sm90a",
+        "--out",
+        str(out),
         env=_env(site, work),
         cwd=work,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 
@@ -446,10 +453,17 @@ def test_fresh_process_loads_it_without_cutlass(mixed_bundle, site, tmp_path):
 @pytest.mark.slow
 def test_explain_names_the_bundle_and_the_reason(mixed_bundle, rmsnorm, site, tmp_path):
     result = _command(
-        "aot-cache", "explain", "rmsnorm", "--shape", "8,4096", "--arch", "sm_90a", "--json",
+        "aot-cache",
+        "explain",
+        "rmsnorm",
+        "--shape",
+        "8,4096",
+        "--arch",
+        "sm_90a",
+        "--json",
         env=_env(site, tmp_path, CUTE_AOT_BUNDLES=str(mixed_bundle)),
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["family"] == "rmsnorm"

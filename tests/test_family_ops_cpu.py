@@ -29,11 +29,19 @@ PROBLEM = ROUTER.parse_problem("2,8,64")
 def _fake_bundle(key, function) -> LoadedBundle:
     entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
     manifest = Manifest(
-        "fake", ARCH, "1", "test", toolchain.fingerprint(),
-        {key.FAMILY: family_facts(key.FAMILY)}, {}, {}, (entry,),
-    )  # fmt: skip
-    return LoadedBundle(Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function},
-                        {key.id: entry})  # fmt: skip
+        "fake",
+        ARCH,
+        "1",
+        "test",
+        toolchain.fingerprint(),
+        {key.FAMILY: family_facts(key.FAMILY)},
+        {},
+        {},
+        (entry,),
+    )
+    return LoadedBundle(
+        Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function}, {key.id: entry}
+    )
 
 
 @pytest.fixture
@@ -103,7 +111,7 @@ def test_the_cached_torch_fallback_checks_its_inputs(router_op, monkeypatch):
         ImportError("libcute_dsl.so: cannot open shared object file"),
         RuntimeError("MLIR pass failed"),
         OSError("export_to_c: No space left on device"),
-    ],  # fmt: skip
+    ],
     ids=["cutlass-import", "compile", "export"],
 )
 def test_auto_falls_back_to_torch_when_jit_fails_in_any_way(router_op, monkeypatch, failure):

@@ -297,8 +297,18 @@ def test_a_built_bundle_serves_flashinfer_in_a_fresh_process_without_jit(tmp_pat
     from cute_aot.aot.cli import main
 
     out = tmp_path / "bundles"
-    args = ["--arch", "sm90a", "--families", "flashinfer_gdn_decode", "--no-default-shapes",
-            "--shape", "flashinfer_gdn_decode:2,4,128,128", "--out", str(out), "--no-cache"]  # fmt: skip
+    args = [
+        "--arch",
+        "sm90a",
+        "--families",
+        "flashinfer_gdn_decode",
+        "--no-default-shapes",
+        "--shape",
+        "flashinfer_gdn_decode:2,4,128,128",
+        "--out",
+        str(out),
+        "--no-cache",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     env = dict(

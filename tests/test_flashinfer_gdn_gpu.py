@@ -62,8 +62,11 @@ def run_worker(mode: str, out: Path, tmp_path: Path) -> dict:
         env.update(FLASHINFER_DISABLE_JIT="1", CUTE_AOT_MODE="aot")
     run = subprocess.run(
         [sys.executable, str(WORKER), mode, str(out)],
-        capture_output=True, text=True, env=env, timeout=500,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=500,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 

@@ -56,9 +56,10 @@ def install_device_doubles(monkeypatch, capability=(10, 0), sm_count=148, mac=No
     monkeypatch.setattr(gemm_base, "get_compute_capability", lambda device: capability)
     monkeypatch.setattr(gemm_base, "get_device_sm_count", lambda device: sm_count)
     monkeypatch.setattr(
-        gemm_base, "_get_stream_cache_buf",
+        gemm_base,
+        "_get_stream_cache_buf",
         lambda name, size, device, zero_init=False: torch.empty(size, dtype=torch.uint8),
-    )  # fmt: skip
+    )
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     mac = mac or STANDIN_MAC
@@ -124,8 +125,18 @@ def test_flashinfer_key_has_exactly_the_fields_we_mirror(flashinfer_keys):
     assert key.max_active_clusters == 148
     assert mx.flashinfer_key(key) == cache_key
     # every field of our key is FlashInfer's, or max_active_clusters, or our version
-    mirrored = {"sf_vec_size", "tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab",
-                "use_prefetch", "enable_pdl", "out_dtype", "split_k_slices"}  # fmt: skip
+    mirrored = {
+        "sf_vec_size",
+        "tile_m",
+        "tile_n",
+        "cluster_m",
+        "cluster_n",
+        "swap_ab",
+        "use_prefetch",
+        "enable_pdl",
+        "out_dtype",
+        "split_k_slices",
+    }
     assert set(key.fields()) - {"family"} == mirrored | {"max_active_clusters", "version"}
 
 
@@ -164,8 +175,12 @@ def test_dispatch_reproduces_flashinfers_untuned_choice(flashinfer_keys, out_dty
             assert decision.key == expected, (m, n, k)
             assert f"M={m}" in decision.reason
             seen.add(expected)
-    assert {(key.tile_n, key.swap_ab) for key in seen} == {(8, True), (16, True), (32, True),
-                                                           (128, False)}  # fmt: skip
+    assert {(key.tile_n, key.swap_ab) for key in seen} == {
+        (8, True),
+        (16, True),
+        (32, True),
+        (128, False),
+    }
 
 
 def test_warp_splitk_rule_is_flashinfers(monkeypatch):
@@ -187,8 +202,16 @@ def test_warp_splitk_rule_is_flashinfers(monkeypatch):
     monkeypatch.setattr(gemm_base, "_cute_dsl_warp_splitk_mxfp8_gemm_runner", lambda pdl: stand_in)
     for sm_count in (148, 160):
         monkeypatch.setattr(gemm_base, "get_device_sm_count", lambda device, s=sm_count: s)
-        for m, n, k in [(4, 1024, 4096), (16, 2048, 5120), (17, 1024, 4096), (4, 4096, 4096),
-                        (4, 2368, 4096), (4, 2560, 4096), (8, 1024, 7168), (4, 1032, 4096)]:  # fmt: skip
+        for m, n, k in [
+            (4, 1024, 4096),
+            (16, 2048, 5120),
+            (17, 1024, 4096),
+            (4, 4096, 4096),
+            (4, 2368, 4096),
+            (4, 2560, 4096),
+            (8, 1024, 7168),
+            (4, 1032, 4096),
+        ]:
             a, b, a_sf, b_sf = operands(m, n, k)
             out = torch.empty(m, n, dtype=torch.bfloat16)
             inputs = [a, b, a_sf, b_sf, torch.bfloat16, out, None]
@@ -217,16 +240,24 @@ def test_keys_from_flashinfers_autotune_cache(tmp_path):
     profile_shapes = ((16, 7168), (7168, 2112), (1,), (1,), (), (16, 2112), (1,))
     data = {
         "_metadata": {"gpu": "NVIDIA B200", "flashinfer_version": "0.7.4"},
-        str(("mxfp8_gemm", "CuteDSLMxfp8GemmRunner", profile_shapes, ("torch.bfloat16", True))):
-            ["CuteDSLMxfp8GemmRunner", tactic, ["hot"]],
-        str(("mxfp8_gemm", "CuteDSLMxfp8GemmRunner", profile_shapes, ("torch.float16", True))):
-            ["CuteDSLMxfp8GemmRunner", split],
-        str(("mxfp8_gemm", "CuteDSLMxfp8WarpSplitKRunner", profile_shapes, ("torch.bfloat16",
-            True))): ["CuteDSLMxfp8WarpSplitKRunner", [16, 8, 256, 4, 1]],
-        str(("mxfp8_gemm", "CuteDSLMxfp8GemmRunner", profile_shapes, ("torch.float16", False))):
-            ["CuteDSLMxfp8GemmRunner", -1],
+        str(("mxfp8_gemm", "CuteDSLMxfp8GemmRunner", profile_shapes, ("torch.bfloat16", True))): [
+            "CuteDSLMxfp8GemmRunner",
+            tactic,
+            ["hot"],
+        ],
+        str(("mxfp8_gemm", "CuteDSLMxfp8GemmRunner", profile_shapes, ("torch.float16", True))): [
+            "CuteDSLMxfp8GemmRunner",
+            split,
+        ],
+        str(
+            ("mxfp8_gemm", "CuteDSLMxfp8WarpSplitKRunner", profile_shapes, ("torch.bfloat16", True))
+        ): ["CuteDSLMxfp8WarpSplitKRunner", [16, 8, 256, 4, 1]],
+        str(("mxfp8_gemm", "CuteDSLMxfp8GemmRunner", profile_shapes, ("torch.float16", False))): [
+            "CuteDSLMxfp8GemmRunner",
+            -1,
+        ],
         str(("fp4_gemm", "CuteDSLFp4GemmRunner", profile_shapes, ())): ["X", tactic],
-    }  # fmt: skip
+    }
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps(data))
     keys = mx.family.keys_from_tuning_cache(path, "sm_100a")
@@ -239,7 +270,7 @@ def test_keys_from_flashinfers_autotune_cache(tmp_path):
     assert mx.family.keys_from_tuning_cache(path, "sm_100a") == []
 
 
-# -- 5. the patched cache, by mode ------------------------------------------------------------------
+# -- 5. the patched cache, by mode -----------------------------------------------------------------
 @pytest.fixture
 def patched_cache(fresh_runtime, monkeypatch, tmp_path):
     from flashinfer.gemm import gemm_base
@@ -315,8 +346,19 @@ def built(tmp_path_factory):
     from cute_aot.aot.cli import main
 
     out = tmp_path_factory.mktemp("mxfp8-bundles")
-    args = ["--arch", "sm100a", "--arch", "sm103a", "--families", "flashinfer_mxfp8_gemm",
-            "--out", str(out), "--no-cache", "-j", "2"]  # fmt: skip
+    args = [
+        "--arch",
+        "sm100a",
+        "--arch",
+        "sm103a",
+        "--families",
+        "flashinfer_mxfp8_gemm",
+        "--out",
+        str(out),
+        "--no-cache",
+        "-j",
+        "2",
+    ]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return out
@@ -385,11 +427,20 @@ for out_dtype in (torch.bfloat16, torch.float16):
 def test_flashinfers_public_mm_mxfp8_calls_the_bundles_functions(built, tmp_path):
     bundle = built / "default-sm_100a.cuteaot"
     script = SERVE_SCRIPT.format(tests=os.path.dirname(__file__), bundle=str(bundle))
-    env = {**os.environ, "FLASHINFER_DISABLE_JIT": "1", "CUTE_AOT_MODE": "aot",
-           "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    env = {
+        **os.environ,
+        "FLASHINFER_DISABLE_JIT": "1",
+        "CUTE_AOT_MODE": "aot",
+        "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache"),
+    }
     env.pop("CUTE_AOT_BUNDLES", None)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "install {'flashinfer_mxfp8_gemm': 'installed'}" in done.stdout
     calls = [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("call ")]

@@ -123,16 +123,34 @@ def flashinfers_key(gpu, call) -> tuple:
 def test_flashinfers_cache_key_has_exactly_the_fields_we_mirror():
     check_flashinfer(flashinfer_tgv)  # the installed FlashInfer's passes
 
-    def upgraded(dtype, cta_m, cta_n, cta_k, num_ab_stage, use_2cta, use_pdl, has_bias,
-                 a_leading, b_leading, c_leading, arch="sm_100", split_k=1):  # fmt: skip
+    def upgraded(
+        dtype,
+        cta_m,
+        cta_n,
+        cta_k,
+        num_ab_stage,
+        use_2cta,
+        use_pdl,
+        has_bias,
+        a_leading,
+        b_leading,
+        c_leading,
+        arch="sm_100",
+        split_k=1,
+    ):
         return None
 
     class Upgraded:
         pass
 
-    for name in ("_resolve_tactic", "_detect_leading_dim", "_TGV_CUTE_EXT_CTA_K",
-                 "_TGV_CUTE_EXT_FIRST_SM107_TACTIC", "_TGV_CUTE_EXT_TACTIC_CONFIGS",
-                 PATCHED_FUNCTION):  # fmt: skip
+    for name in (
+        "_resolve_tactic",
+        "_detect_leading_dim",
+        "_TGV_CUTE_EXT_CTA_K",
+        "_TGV_CUTE_EXT_FIRST_SM107_TACTIC",
+        "_TGV_CUTE_EXT_TACTIC_CONFIGS",
+        PATCHED_FUNCTION,
+    ):
         setattr(Upgraded, name, staticmethod(getattr(flashinfer_tgv, name)))
     Upgraded._get_compiled_cute_ext_kernel = staticmethod(upgraded)
     with pytest.raises(TypeError, match="split_k"):
@@ -283,9 +301,12 @@ def test_keys_from_flashinfers_autotuning_file_are_the_ones_it_then_asks_for(gpu
         inputs = [a, b, bias_t, pdl, out, workspace]
         runner = gemm_base._tgv_gemm_runner(BF16, True, auto_pdl=auto_pdl)
         cache_key = tuner._get_cache_key(
-            op, runner, tuple(tuner._get_input_sizes(inputs)),
-            gemm_base._BF16_GEMM_SM100_TUNING_CONFIG, runner.get_cache_key_extras(inputs),
-        )  # fmt: skip
+            op,
+            runner,
+            tuple(tuner._get_input_sizes(inputs)),
+            gemm_base._BF16_GEMM_SM100_TUNING_CONFIG,
+            runner.get_cache_key_extras(inputs),
+        )
         tuner.profiling_cache[cache_key] = (tactic, None)
         added.append(cache_key)
     path = tmp_path / "tuned.json"
@@ -308,8 +329,10 @@ def test_keys_from_flashinfers_autotuning_file_are_the_ones_it_then_asks_for(gpu
     assert set(asked) <= set(keys)
     # an explicit pdl flag: the tuned tactic serves both flags, so both are built
     assert {(key.tactic, key.use_pdl, key.has_bias) for key in keys} == {
-        (7, False, False), (7, True, False), (20, True, True)
-    }  # fmt: skip
+        (7, False, False),
+        (7, True, False),
+        (20, True, True),
+    }
     assert family.keys_from_tuning_cache(path, "sm_103a") == []  # tuned on a (10, 0) GPU
     assert _planned_keys(path, ["--families", "flashinfer_tgv_gemm", "--no-default-shapes"]) == {
         "sm_100a": sorted(keys, key=lambda key: key.symbol),
@@ -459,8 +482,14 @@ def _stub_bundle(tmp_path, keys_by_arch):
     from cute_aot.aot.build import run_build
     from tests.stubs import stub_compile
 
-    outcome = run_build(keys_by_arch, tmp_path / "stub", name="tgv", jobs=1,
-                        show_progress=False, worker=stub_compile)  # fmt: skip
+    outcome = run_build(
+        keys_by_arch,
+        tmp_path / "stub",
+        name="tgv",
+        jobs=1,
+        show_progress=False,
+        worker=stub_compile,
+    )
     assert not outcome.failed, outcome.failed
     return outcome.bundles
 
@@ -539,8 +568,19 @@ def built(tmp_path_factory):
     from cute_aot.aot.cli import main
 
     out = tmp_path_factory.mktemp("tgv-bundles")
-    args = ["--arch", "sm100a", "--arch", "sm103a", "--families", "flashinfer_tgv_gemm",
-            "--out", str(out), "--no-cache", "-j", "2"]  # fmt: skip
+    args = [
+        "--arch",
+        "sm100a",
+        "--arch",
+        "sm103a",
+        "--families",
+        "flashinfer_tgv_gemm",
+        "--out",
+        str(out),
+        "--no-cache",
+        "-j",
+        "2",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     return out
@@ -616,7 +656,8 @@ WORKER = textwrap.dedent(
         capability[0] = cap
         # a process's device keeps its kind; here the one "device" changes it: start afresh
         serve_flashinfer.uninstall(["flashinfer_tgv_gemm"])
-        assert serve_flashinfer.install(["flashinfer_tgv_gemm"]) == {"flashinfer_tgv_gemm": "installed"}
+        installed = serve_flashinfer.install(["flashinfer_tgv_gemm"])
+        assert installed == {"flashinfer_tgv_gemm": "installed"}
         for has_bias in (False, True):
             for pdl in (False, True, None):
                 out = torch.empty(m, n, dtype=torch.bfloat16)
@@ -644,8 +685,13 @@ def test_a_built_bundle_serves_flashinfers_mm_bf16_in_a_fresh_process_without_ji
         CUTE_AOT_CACHE_DIR=str(tmp_path / "c"),
     )
     env.pop("CUTE_AOT_BUNDLES", None)
-    run = subprocess.run([sys.executable, "-c", WORKER, str(built)], capture_output=True,
-                         text=True, env=env, timeout=300)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", WORKER, str(built)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith(("{", "["))]
     assert lines[0] == {"flashinfer_tgv_gemm": "installed"}

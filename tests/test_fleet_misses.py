@@ -92,8 +92,13 @@ def s3_endpoint():
     host, port = server.get_host_and_port()
     # By name: the last upload of a process must still resolve one while the process exits.
     endpoint = f"http://localhost:{port}"
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                      aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     s3.create_bucket(Bucket=BUCKET)
     yield endpoint
     server.stop()
@@ -162,8 +167,9 @@ def test_two_hosts_misses_reach_the_release_build(fleet_prefix, stub_bundles):
     assert rows[_key_id(SHARED)]["count"] == 2
     assert rows[_key_id(BUNDLED)]["hosts"] == ["gpu-a"] and rows[_key_id(BUNDLED)]["in_bundles"]
     assert not rows[_key_id(PER_HOST["gpu-b"][0])]["in_bundles"]
-    for row in rows.values():
-        assert row["first_seen"] <= row["last_seen"]
+    for key_id, row in rows.items():
+        seen = sorted(r["time"] for r in records if r["key_id"] == key_id)
+        assert (row["first_seen"], row["last_seen"]) == (seen[0], seen[-1])
 
 
 def _listing(prefix: str) -> list[str]:

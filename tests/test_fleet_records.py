@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.test_fleet_misses import BUCKET, aws_env, s3_endpoint  # noqa: F401  (fixtures)
+from tests import test_fleet_misses as _fleet_misses
+from tests.test_fleet_misses import BUCKET
+
+# tests/test_fleet_misses.py's fixtures, found by pytest under these names (used by name below)
+aws_env = _fleet_misses.aws_env
+s3_endpoint = _fleet_misses.s3_endpoint
 
 pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
 
@@ -30,9 +35,17 @@ def _record(block: int, device: dict | None = None, site: str = "server.py:1") -
 
     call = _call(block)
     key = call.key({SM_COUNT: device["sm_count"]}, device) if device else call.key()
-    return {"format": 1, "family": "cute_compile", "recreatable": True, "arch": "sm_90a",
-            "site": site, "target": call.target, "key_id": key.id, "key": key.fields(),
-            "tvm_ffi": True}  # fmt: skip
+    return {
+        "format": 1,
+        "family": "cute_compile",
+        "recreatable": True,
+        "arch": "sm_90a",
+        "site": site,
+        "target": call.target,
+        "key_id": key.id,
+        "key": key.fields(),
+        "tvm_ffi": True,
+    }
 
 
 def _plan(source):
@@ -48,13 +61,20 @@ def test_a_call_recorded_on_gpus_that_answer_differently_is_one_kernel_per_answe
     folder.mkdir()
     plain = _record(256)
     on_h200, on_h100 = _record(64, H200), _record(64, H100_PCIE, "other.py:9")
-    (folder / "h200-1.record.jsonl").write_text(json.dumps(on_h200) + "\n" + json.dumps(plain) + "\n")
-    (folder / "h100-2.record.jsonl").write_text(json.dumps(on_h100) + "\n" + json.dumps(plain) + "\n")
+    (folder / "h200-1.record.jsonl").write_text(
+        json.dumps(on_h200) + "\n" + json.dumps(plain) + "\n"
+    )
+    (folder / "h100-2.record.jsonl").write_text(
+        json.dumps(on_h100) + "\n" + json.dumps(plain) + "\n"
+    )
     plan, left_out = _plan(f"{folder}/")
     assert left_out == []
     # files are read in name order: h100-2 first, then h200-1
-    assert [key.id for key in plan["sm_90a"]] == [on_h100["key_id"], plain["key_id"],
-                                                 on_h200["key_id"]]  # fmt: skip
+    assert [key.id for key in plan["sm_90a"]] == [
+        on_h100["key_id"],
+        plain["key_id"],
+        on_h200["key_id"],
+    ]
     assert len({on_h100["key_id"], on_h200["key_id"], plain["key_id"]}) == 3
     from tests.test_recorded_calls import _call
 
@@ -87,16 +107,30 @@ time.sleep(120)
 
 
 def test_a_url_prefix_gets_each_process_file_even_when_it_is_terminated(
-    tmp_path, aws_env, s3_endpoint  # noqa: F811
+    tmp_path,
+    aws_env,
+    s3_endpoint,
 ):
     """One file per process under the prefix, written in the background: a worker that a pool
     ends with SIGTERM still writes what it holds; the build reads the whole prefix."""
     aws_env.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     prefix = f"s3://{BUCKET}/records-{time.monotonic_ns()}/"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUTE_AOT_RECORD": prefix,
-           "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
-    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, str(block)], env=env, cwd=tmp_path,
-                                stdout=subprocess.PIPE, text=True) for block in (64, 128)]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "CUTE_AOT_RECORD": prefix,
+        "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(block)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for block in (64, 128)
+    ]
     for worker in workers:
         assert worker.stdout.readline().strip() == "recorded"
         worker.send_signal(signal.SIGTERM)
@@ -114,7 +148,7 @@ def test_a_url_prefix_gets_each_process_file_even_when_it_is_terminated(
     assert len(_plan(prefix)[0]["sm_90a"]) == 2
 
 
-def test_an_unreachable_store_never_slows_a_record(tmp_path, aws_env):  # noqa: F811
+def test_an_unreachable_store_never_slows_a_record(tmp_path, aws_env):
     from cute_aot.runtime.record import Recorder
     from tests.test_fleet_misses import _closed_port
     from tests.test_recorded_calls import _call
@@ -134,7 +168,9 @@ def test_the_id_covers_the_hardware_answers_and_nothing_else_of_the_replay_data(
     replay = json.loads(plain.replay)
     other_examples = RecordedCallKey(plain.call, json.dumps({**replay, "examples": [1, 2]}))
     answered = _call(64).key({SM_COUNT: 132}, H200)
-    same_answers_other_gpu = _call(64).key({SM_COUNT: 132}, {"name": "NVIDIA H100", "sm_count": 132})
+    same_answers_other_gpu = _call(64).key(
+        {SM_COUNT: 132}, {"name": "NVIDIA H100", "sm_count": 132}
+    )
     assert other_examples.id == plain.id == plain.call_id
     assert answered.id != plain.id and answered.call_id == plain.id
     assert same_answers_other_gpu.id == answered.id  # the answers identify it, not the GPU's name

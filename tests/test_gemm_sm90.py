@@ -19,7 +19,6 @@ from cute_aot.kernels.gemm_sm90 import (
     DEFAULT_SHAPES,
     FP8_DTYPE,
     M_BUCKETS,
-    SMEM_CAPACITY,
     GemmProblem,
     GemmSm90Key,
     accumulators_per_thread,
@@ -63,10 +62,26 @@ def test_key_is_frozen_with_a_stable_canonical_form():
     fields = json.loads(key.canonical_json())
     assert fields["family"] == "gemm_sm90"
     assert set(fields) == {
-        "family", "dtype", "has_bias", "tile_m", "tile_n", "cluster_m", "cluster_n", "stages",
-        "pdl", "raster_m", "aligned_n", "swap_ab", "split_k", "promote", "persistent", "pingpong",
-        "out_dtype", "align_bytes", "version",
-    }  # fmt: skip
+        "family",
+        "dtype",
+        "has_bias",
+        "tile_m",
+        "tile_n",
+        "cluster_m",
+        "cluster_n",
+        "stages",
+        "pdl",
+        "raster_m",
+        "aligned_n",
+        "swap_ab",
+        "split_k",
+        "promote",
+        "persistent",
+        "pingpong",
+        "out_dtype",
+        "align_bytes",
+        "version",
+    }
     assert GemmSm90Key.from_fields(fields) == key
     assert key.symbol == f"gemm_sm90_{key.id}"
 
@@ -97,9 +112,9 @@ def test_every_default_shape_and_bucket_dispatches(fam):
             assert f"tile {key.tile_m}x{key.tile_n}" in decision.reason
             assert f"cluster {key.cluster_m}x{key.cluster_n}" in decision.reason
             assert f"{key.stages} stages" in decision.reason
-            # Every stage of the pipeline fits in shared memory, and there are at least 2.
-            per_stage = (key.tile_m + key.tile_n) * 128
-            assert 2 <= key.stages and key.stages * per_stage <= SMEM_CAPACITY - 1024
+            # The resource model's stage count for this tactic (kernel.py allocates by it).
+            tactic = (key.tile_m, key.tile_n, key.persistent, key.pingpong, key.swap_ab)
+            assert key.stages == stages_for(key.dtype, *tactic) >= 2
             assert key.dtype == fam.dtype and key.has_bias == problem.has_bias
 
 
@@ -116,7 +131,11 @@ def test_tactic_follows_m():
     # K split while the CTAs stay within SPLIT_MAX_CTAS (N=4096: 32 tiles of 128 rows x 2).
     for m, tile_n in ((1, 8), (8, 8), (9, 16), (33, 64), (64, 64)):
         assert (key(m).swap_ab, key(m).tile_m, key(m).tile_n, key(m).split_k) == (
-            True, 128, tile_n, 2)  # fmt: skip
+            True,
+            128,
+            tile_n,
+            2,
+        )
     assert key(1, n=576).split_k == 8 and key(1, n=1536).split_k == 4
     assert key(1, n=1001).swap_ab is False and key(1, n=1001).split_k == 1  # any-N epilogue
     assert key(1, n=57344).split_k == 1  # 448 tiles already fill the GPU
@@ -139,11 +158,20 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     for m in (1, 33):
         dispatch = family.dispatch(GemmProblem(m, 2560, 2048), ARCH)
         held = [r for r in rows if r["m"][0] <= m and (r["m"][1] is None or m <= r["m"][1])]
-        near = min(held, key=lambda r: (abs(math.log(2560 / r["n"])) + 0.5 * abs(
-            math.log(2048 / r["k"])), r["n"], r["k"]))  # fmt: skip
+        near = min(
+            held,
+            key=lambda r: (
+                abs(math.log(2560 / r["n"])) + 0.5 * abs(math.log(2048 / r["k"])),
+                r["n"],
+                r["k"],
+            ),
+        )
         assert f"nearest tuned shape N={near['n']} K={near['k']}" in dispatch.reason
         assert (dispatch.key.tile_m, dispatch.key.tile_n, dispatch.key.swap_ab) == (
-            near["tile_m"], near["tile_n"], near.get("swap_ab", False))  # fmt: skip
+            near["tile_m"],
+            near["tile_n"],
+            near.get("swap_ab", False),
+        )
     # 4608 x 512: 144 tiles of 128 x 128 would take two waves for 1.09 waves of work, 72 tiles
     # of 128 x 256 one wave with 1.8x the work per SM of 128 tiles of 128 x 144 (a fill width).
     wide = family.dispatch(GemmProblem(512, 4608, 3584), ARCH)
@@ -166,7 +194,11 @@ def test_untuned_shapes_take_the_nearest_tuned_row_or_the_wave_model():
     short = family.dispatch(GemmProblem(8192, 4608, 1024), ARCH)
     assert "16 k-tiles <= 32: ping-pong 128x128" in short.reason
     assert (short.key.tile_m, short.key.tile_n, short.key.pingpong, short.key.cluster_m) == (
-        128, 128, True, 2)  # fmt: skip
+        128,
+        128,
+        True,
+        2,
+    )
     # fp8 accumulates fast where tuned rows at this M checked it at a longer K: the same tiles.
     for m, n, k in ((512, 4608, 3584), (8192, 4608, 1024)):
         fp8 = fp8_family.dispatch(GemmProblem(m, n, k, FP8_DTYPE), ARCH).key
@@ -182,13 +214,25 @@ def test_fp8_accumulates_fast_only_at_a_k_a_tuned_row_checked():
     """aot-tune checked a fast-accumulating tactic against the fp32 reference at its row's K;
     the error only grows with K. So an untuned shape accumulates fast up to the longest K
     checked at its M, and is promoted past it, whichever path chose its tile."""
+
     def row(k, promote, m=(257, 512), **tactic):
-        fields = {"tile_m": 128, "tile_n": 128, "cluster_m": 1, "cluster_n": 1, "raster_m": 8,
-                  "us": 9.0, **tactic}  # fmt: skip
+        fields = {
+            "tile_m": 128,
+            "tile_n": 128,
+            "cluster_m": 1,
+            "cluster_n": 1,
+            "raster_m": 8,
+            "us": 9.0,
+            **tactic,
+        }
         return {"n": 4096, "k": k, "m": list(m), "promote": promote, **fields}
 
-    rows = [row(4096, False), row(8192, True), row(16384, False, m=(1025, 2048)),
-            row(2048, False, m=(33, 64), tile_m=64, tile_n=64, swap_ab=True)]
+    rows = [
+        row(4096, False),
+        row(8192, True),
+        row(16384, False, m=(1025, 2048)),
+        row(2048, False, m=(33, 64), tile_m=64, tile_n=64, swap_ab=True),
+    ]
     table = Table(fp8_family.name, ARCH, dict(HANDWRITTEN.data, shape_rows=rows), {"source": "t"})
 
     def dispatch(m, k):
@@ -209,8 +253,21 @@ def test_fp8_accumulates_fast_only_at_a_k_a_tuned_row_checked():
 def test_a_neighbours_split_that_would_spill_into_another_wave_is_halved():
     """N = 4096's decode row splits 64 tiles of 64 rows in two (128 CTAs, one wave); at N = 4608
     the same split is 144 CTAs on 132 SMs, two waves: the nearest-row tactic runs unsplit."""
-    rows = [{"n": 4096, "k": 4096, "m": [33, 64], "tile_m": 64, "tile_n": 64, "cluster_m": 1,
-             "cluster_n": 1, "raster_m": 8, "swap_ab": True, "split_k": 2, "us": 9.0}]  # fmt: skip
+    rows = [
+        {
+            "n": 4096,
+            "k": 4096,
+            "m": [33, 64],
+            "tile_m": 64,
+            "tile_n": 64,
+            "cluster_m": 1,
+            "cluster_n": 1,
+            "raster_m": 8,
+            "swap_ab": True,
+            "split_k": 2,
+            "us": 9.0,
+        }
+    ]
     table = Table(family.name, ARCH, dict(HANDWRITTEN.data, shape_rows=rows), {"source": "t"})
     same = family.dispatch(GemmProblem(64, 4096, 4096), ARCH, table)
     assert same.key.split_k == 2 and "wave" not in same.reason
@@ -223,8 +280,11 @@ def test_a_borrowed_split_keeps_sixteen_k_tiles_per_cta():
     """M 128-256 on shapes nobody tuned: the tuned tactic borrowed from another shape splits K
     only while every CTA keeps 16 k-tiles (the shipped tables' rows split 2048-long K in 4,
     8 k-tiles each, which ran at 0.58x cuBLAS on the H200); a tuned shape's own split stays."""
-    split_rows = [r for r in family.default_table(ARCH).data["shape_rows"]
-                  if r.get("split_k", 1) > 1 and r["m"] == [65, 128]]  # fmt: skip
+    split_rows = [
+        r
+        for r in family.default_table(ARCH).data["shape_rows"]
+        if r.get("split_k", 1) > 1 and r["m"] == [65, 128]
+    ]
     assert split_rows  # the borrowed candidates include split tactics
     for m in (128, 256):
         for n, k in ((2048, 2048), (3072, 1536), (2560, 2048), (768, 4096)):
@@ -241,9 +301,19 @@ def test_untuned_mid_m_takes_the_tuned_tactic_with_the_least_cost_at_its_waves()
     9 us. Scaled to another N by whole waves x tile elements, 128 x 128 wins where both still
     fit one wave (N = 16896: 66 vs 132 tiles) and loses where it needs a second (N = 17408: 68
     vs 136 tiles)."""
+
     def row(tile_n, us):
-        return {"n": 4096, "k": 4096, "m": [65, 128], "tile_m": 128, "tile_n": tile_n,
-                "cluster_m": 1, "cluster_n": 1, "raster_m": 8, "us": us}  # fmt: skip
+        return {
+            "n": 4096,
+            "k": 4096,
+            "m": [65, 128],
+            "tile_m": 128,
+            "tile_n": tile_n,
+            "cluster_m": 1,
+            "cluster_n": 1,
+            "raster_m": 8,
+            "us": us,
+        }
 
     data = dict(HANDWRITTEN.data, shape_rows=[row(256, 10.0), row(128, 9.0)])
     table = Table("gemm_sm90", ARCH, data, {"source": "test"})
@@ -261,8 +331,15 @@ def test_enumeration_is_small_and_covers_dispatch():
     assert set(keys) <= set(family.tactic_space(ARCH))
     asked = {family.dispatch(p, ARCH).key for s in DEFAULT_SHAPES for p in family.problems(s)}
     assert asked == set(keys)
-    # The hand-written rule: 4 swap widths and 3 tiles, each with its K splits, with and without bias.
-    assert 2 <= len(family.enumerate_keys(ARCH, table=HANDWRITTEN)) <= 48
+    # The hand-written rule: 4 swap widths and the 128-wide tile, each with K splits 1..8; the
+    # 128-wide tile in a 2x1 cluster too, and 128 x 256 in one; each with and without bias.
+    handwritten = family.enumerate_keys(ARCH, table=HANDWRITTEN)
+    tactics = {(k.swap_ab, k.tile_n, k.cluster_m, k.split_k) for k in handwritten}
+    splits = (1, 2, 4, 8)
+    swapped = {(True, width, 1, split) for width in (8, 16, 32, 64) for split in splits}
+    tiles = {(False, 128, 1, split) for split in splits} | {(False, 128, 2, 1), (False, 256, 2, 1)}
+    assert tactics == swapped | tiles
+    assert len(handwritten) == 2 * len(tactics) == 44
 
 
 @pytest.mark.parametrize("fam", [family, fp8_family], ids=["bf16", "fp8"])
@@ -273,8 +350,9 @@ def test_any_m_asks_for_a_key_that_its_buckets_enumerate(fam):
     model once picked 64 x 256 tiles at M = 2049, N = 1000: 33 x 4 tiles, one whole wave)."""
     for n, k in ((4096, 4096), (576, 7168), (1000, 4096), (3000, 1008), (1001, 4096), (136, 80)):
         for has_bias in (False, True):
-            built = {fam.dispatch(p, ARCH).key for p in fam.problems((n, k))
-                     if p.has_bias == has_bias}  # fmt: skip
+            built = {
+                fam.dispatch(p, ARCH).key for p in fam.problems((n, k)) if p.has_bias == has_bias
+            }
             for m in (*range(1, 600), *range(600, 20000, 97), 2049, 4097, 8193):
                 key = fam.dispatch(GemmProblem(m, n, k, fam.dtype, has_bias), ARCH).key
                 assert key in built, (m, n, k, has_bias, key.describe())
@@ -290,9 +368,12 @@ def test_the_default_table_is_the_one_aot_tune_measured():
             for m in {row["m"][0], row["m"][1] or row["m"][0]}:
                 key = fam.dispatch(GemmProblem(m, row["n"], row["k"], fam.dtype), ARCH).key
                 assert (key.tile_m, key.tile_n, key.cluster_m, key.cluster_n, key.raster_m) == (
-                    row["tile_m"], row["tile_n"], row["cluster_m"], row["cluster_n"],
+                    row["tile_m"],
+                    row["tile_n"],
+                    row["cluster_m"],
+                    row["cluster_n"],
                     row["raster_m"],
-                )  # fmt: skip
+                )
 
 
 @pytest.mark.parametrize(
@@ -320,9 +401,11 @@ def test_refuses_other_architectures():
 # -- ABI and shapes ------------------------------------------------------------------------------
 def test_abi():
     assert [(a.name, a.dtype, a.rank) for a in family.abi] == [
-        ("x", "bfloat16", 2), ("w", "bfloat16", 2), ("bias", "bfloat16", 1),
+        ("x", "bfloat16", 2),
+        ("w", "bfloat16", 2),
+        ("bias", "bfloat16", 1),
         ("out", "bfloat16", 2),
-    ]  # fmt: skip
+    ]
     assert family.output.name == "out" and family.output.output
     assert [a.name for a in fp8_family.abi] == ["x", "w", "x_scale", "w_scale", "bias", "out"]
     assert [a.dtype for a in fp8_family.abi[2:4]] == ["float32", "float32"]
@@ -343,17 +426,30 @@ def test_parse_shape_and_problem():
 
 def test_shapes_from_model_llama3_8b_and_qwen3_32b():
     llama = {
-        "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
         "num_key_value_heads": 8,
-    }  # fmt: skip
-    assert family.shapes_from_model(llama) == [(6144, 4096), (4096, 4096), (28672, 4096),
-                                               (4096, 14336)]  # fmt: skip
+    }
+    assert family.shapes_from_model(llama) == [
+        (6144, 4096),
+        (4096, 4096),
+        (28672, 4096),
+        (4096, 14336),
+    ]
     qwen = {
-        "hidden_size": 5120, "intermediate_size": 25600, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "head_dim": 128,
-    }  # fmt: skip
-    assert family.shapes_from_model(qwen) == [(10240, 5120), (5120, 8192), (51200, 5120),
-                                              (5120, 25600)]  # fmt: skip
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+    }
+    assert family.shapes_from_model(qwen) == [
+        (10240, 5120),
+        (5120, 8192),
+        (51200, 5120),
+        (5120, 25600),
+    ]
     assert family.shapes_from_model({"model_type": "no-hidden-size"}) == []
 
 
@@ -390,8 +486,11 @@ COMPILED = [  # what the shipped tables pick (the comments: at the time of writi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("fam", "problem", "mma"), COMPILED, ids=["bf16-decode-swap-ab",
-                         "bf16-large-persistent", "fp8-large-persistent", "bf16-any-n"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fam", "problem", "mma"),
+    COMPILED,
+    ids=["bf16-decode-swap-ab", "bf16-large-persistent", "fp8-large-persistent", "bf16-any-n"],
+)
 def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     pytest.importorskip("cutlass")
     key = fam.dispatch(problem, ARCH).key
@@ -403,8 +502,10 @@ def test_cross_compiled_sass(fam, problem, mma, tmp_path, record_property):
     ).stdout
     assert f" T __tvm_ffi_{key.symbol}\n" in symbols
     if not HAS_TOOLS:
-        pytest.skip("cuobjdump / nvdisasm missing: SASS not inspected (pip install "
-                    "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")  # fmt: skip
+        pytest.skip(
+            "cuobjdump / nvdisasm missing: SASS not inspected (pip install "
+            "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+        )
     info = binary_info.inspect_object(obj)
     assert info is not None and info["sm"] == [90]
     (kernel,) = info["kernels"]
@@ -451,8 +552,9 @@ def test_ping_pong_tiles_are_persistent_and_fit_one_warpgroup():
     # for 6 stages of 32 KiB, as the cooperative persistent tile has.
     assert stages_for(BF16_DTYPE, 128, 128, persistent=True) == 6
     assert stages_for(BF16_DTYPE, 128, 128, persistent=True, pingpong=True) == 6
-    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 1, 1, 6, True, 8, True, persistent=True,
-                      pingpong=True)  # fmt: skip
+    key = GemmSm90Key(
+        BF16_DTYPE, True, 128, 128, 1, 1, 6, True, 8, True, persistent=True, pingpong=True
+    )
     assert tactic_refusal(key) is None and "ping-pong" in key.describe()
     walking = dataclasses.replace(key, persistent=False, stages=stages_for(BF16_DTYPE, 128, 128))
     assert "persistent grid" in tactic_refusal(walking)
@@ -469,8 +571,9 @@ def test_three_consumer_warpgroups_hold_at_most_96_accumulators_each():
     assert stages_for(BF16_DTYPE, 192, 192) == 4  # 48 KiB per stage
     key = GemmSm90Key(BF16_DTYPE, True, 192, 256, 1, 1, stages_for(BF16_DTYPE, 192, 256), True)
     assert "at most 96 accumulators" in tactic_refusal(key)
-    promoted = GemmSm90Key(FP8_DTYPE, True, 192, 128, 1, 1, stages_for(FP8_DTYPE, 192, 128),
-                           True, promote=True)  # fmt: skip
+    promoted = GemmSm90Key(
+        FP8_DTYPE, True, 192, 128, 1, 1, stages_for(FP8_DTYPE, 192, 128), True, promote=True
+    )
     assert "two accumulator sets" in tactic_refusal(promoted)
 
 
@@ -492,8 +595,17 @@ def test_a_192_row_tile_fits_three_consumer_warpgroups_without_spilling(tmp_path
     writes its 96 values with 12 stmatrix into the six 192 x 32 strips that six TMA stores
     take out; nothing in local memory."""
     pytest.importorskip("cutlass")
-    key = GemmSm90Key(BF16_DTYPE, True, 192, 192, 2, 1, stages_for(BF16_DTYPE, 192, 192, True),
-                      True, persistent=True)  # fmt: skip
+    key = GemmSm90Key(
+        BF16_DTYPE,
+        True,
+        192,
+        192,
+        2,
+        1,
+        stages_for(BF16_DTYPE, 192, 192, True),
+        True,
+        persistent=True,
+    )
     kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and kernel["stack"] == 0
@@ -508,8 +620,9 @@ def test_ping_pong_warpgroups_take_turns_at_the_main_loop(tmp_path):
     turn is one named-barrier arrive and its sync; no spills at 128 accumulators per thread.
     The epilogue: eight 64 x 32 strips, each behind two barriers (stmatrix in, TMA store out)."""
     pytest.importorskip("cutlass")
-    key = GemmSm90Key(BF16_DTYPE, True, 128, 128, 2, 1, 6, True, 8, True, persistent=True,
-                      pingpong=True)  # fmt: skip
+    key = GemmSm90Key(
+        BF16_DTYPE, True, 128, 128, 2, 1, 6, True, 8, True, persistent=True, pingpong=True
+    )
     kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and kernel["stack"] == 0
@@ -526,8 +639,20 @@ def test_split_k_reduces_through_distributed_shared_memory(tmp_path):
     ld.shared::cluster per CTA: LD in SASS, no LDS) and stores it with one 16-byte STG; cluster
     barriers order the partials (UCGABAR)."""
     pytest.importorskip("cutlass")
-    key = GemmSm90Key(BF16_DTYPE, True, 128, 16, 1, 1, stages_for(BF16_DTYPE, 128, 16), True,
-                      8, True, swap_ab=True, split_k=4)  # fmt: skip
+    key = GemmSm90Key(
+        BF16_DTYPE,
+        True,
+        128,
+        16,
+        1,
+        1,
+        stages_for(BF16_DTYPE, 128, 16),
+        True,
+        8,
+        True,
+        swap_ab=True,
+        split_k=4,
+    )
     kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and opcodes.get("HGMMA", 0) == 4
@@ -541,8 +666,9 @@ def test_a_wide_split_tile_sums_its_share_of_rows_from_every_peer(tmp_path):
     row over 256 consumer threads (3 rounds); per round two 16-byte ld.shared::cluster from
     each of the 4 CTAs and one 16-byte store, nothing in local memory."""
     pytest.importorskip("cutlass")
-    key = GemmSm90Key(BF16_DTYPE, True, 128, 144, 1, 1, stages_for(BF16_DTYPE, 128, 144), True,
-                      8, True, split_k=4)  # fmt: skip
+    key = GemmSm90Key(
+        BF16_DTYPE, True, 128, 144, 1, 1, stages_for(BF16_DTYPE, 128, 144), True, 8, True, split_k=4
+    )
     kernel = _cross_compiled_kernel(key, tmp_path)
     opcodes = kernel["opcodes"]
     assert kernel["local"] == 0 and opcodes.get("HGMMA", 0) == 4

@@ -36,10 +36,12 @@ from cute_aot.artifacts.errors import (
     BundleError,
     BundleFormatError,
     BundleIntegrityError,
+    BundleSizeError,
     CuteAotError,
     IncompatibleBundleError,
     KeyFileError,
     MissingLibraryError,
+    OtherArchError,
     SignatureError,
 )
 from cute_aot.artifacts.manifest import Entry, Manifest
@@ -48,6 +50,7 @@ from cute_aot.kernels import family
 from cute_aot.kernels.router_gemm import dispatch
 from cute_aot.runtime import REGISTRY, jit, loader, registry, set_mode
 from cute_aot.runtime.loader import open_bundle
+from tests.stubs import stub_value
 
 ARCH = "sm_90a"
 E_MACHINE_OFFSET = 18  # ELF header: e_machine, u16
@@ -677,22 +680,32 @@ def test_the_good_bundle_passes_every_check_and_loads(good, fresh_runtime, trust
     assert verified.dynamic.needed == ("libtvm_ffi.so", "libc.so.6", "ld-linux-x86-64.so.2")
     assert {f"__tvm_ffi_{e.symbol}" for e in good.manifest.entries} <= verified.dynamic.functions
     bundle = open_bundle(good.path, ARCH)
-    for entry in good.manifest.entries:
-        assert callable(bundle.function(entry.key_id))
+    for entry in good.manifest.entries:  # each entry reaches its own key's code
+        assert bundle.function(entry.key_id)() == stub_value(entry.key_id)
     assert Path(bundle.library_path).read_bytes() == good.library
     assert Path(bundle.library_path).parent == fresh_runtime / "libs"
 
 
-def test_reading_errors_stay_in_one_hierarchy():
-    for error in (
-        BundleFormatError,
-        BundleIntegrityError,
-        IncompatibleBundleError,
-        SignatureError,
-        MissingLibraryError,
-    ):
-        assert issubclass(error, BundleError) and issubclass(error, CuteAotError)
-    assert issubclass(KeyFileError, CuteAotError)
+def test_reading_errors_stay_in_one_hierarchy(good, fresh_runtime, tmp_path):
+    """What a server catches: every refusal of a bundle is a BundleError, every error of ours a
+    CuteAotError. Each is caused for real."""
+    other_arch = _write(tmp_path, good.data, name="other-sm_100a.cuteaot")
+    damaged = bytearray(good.data)
+    damaged[-1] ^= 0xFF  # the payload
+    faults = [
+        (lambda: read_manifest(_write(tmp_path, good.data[:-1])), BundleSizeError),
+        (lambda: read_bundle(_write(tmp_path, bytes(damaged))), BundleIntegrityError),
+        (lambda: open_bundle(other_arch, "sm_100a"), OtherArchError),
+    ]
+    for cause, kind in faults:
+        with pytest.raises(BundleError) as caught:
+            cause()
+        assert type(caught.value) is kind and isinstance(caught.value, CuteAotError)
+    garbage = tmp_path / "key.pem"
+    garbage.write_text("not a key")
+    with pytest.raises(CuteAotError) as caught:
+        signing.load_private_key(garbage)
+    assert type(caught.value) is KeyFileError
 
 
 def test_not_a_regular_file_is_refused_without_blocking(tmp_path):
@@ -775,7 +788,8 @@ def test_a_damaged_cache_file_of_the_right_size_is_replaced(good, fresh_runtime)
     target.write_bytes(bytes(len(good.library)))  # same size, wrong bytes
     bundle = open_bundle(good.path, ARCH)
     assert target.read_bytes() == good.library
-    assert callable(bundle.function(good.manifest.entries[0].key_id))
+    first = good.manifest.entries[0].key_id
+    assert bundle.function(first)() == stub_value(first)
 
 
 def test_a_libs_link_leading_outside_the_cache_is_not_written_through(
@@ -789,7 +803,8 @@ def test_a_libs_link_leading_outside_the_cache_is_not_written_through(
         bundle = open_bundle(good.path, ARCH)
     assert list(outside.iterdir()) == []
     assert bundle.library_path.startswith("memfd:")
-    assert callable(bundle.function(good.manifest.entries[0].key_id))
+    first = good.manifest.entries[0].key_id
+    assert bundle.function(first)() == stub_value(first)
 
 
 def test_a_failed_write_leaves_no_temporary_file(good, fresh_runtime, monkeypatch, tmp_path):
@@ -805,7 +820,8 @@ def test_a_failed_write_leaves_no_temporary_file(good, fresh_runtime, monkeypatc
     libs = fresh_runtime / "libs"
     assert list(libs.iterdir()) == []  # neither the library nor a temporary of it
     assert _temporary_names() == before  # and nothing in the system's temporary folder
-    assert callable(bundle.function(good.manifest.entries[0].key_id))
+    first = good.manifest.entries[0].key_id
+    assert bundle.function(first)() == stub_value(first)
 
 
 def _temporary_names() -> set[str]:
@@ -1052,11 +1068,19 @@ def test_each_entry_must_export_the_entry_point_of_its_abi(good, tmp_path):
         pytest.skip("needs a C compiler")
     source = tmp_path / "c_abi.c"
     source.write_text("int cute_compile_abc_cuda_load(void) { return 0; }\n")
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(tmp_path / "c_abi.so"), str(source)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-o", str(tmp_path / "c_abi.so"), str(source)], check=True
+    )
     info = read_dynamic((tmp_path / "c_abi.so").read_bytes())
-    entry = Entry("cute_compile", {"family": "cute_compile"}, "ab" * 10, "cute_compile_abc",
-                  "ab" * 32, 1, abi="c")  # fmt: skip
+    entry = Entry(
+        "cute_compile",
+        {"family": "cute_compile"},
+        "ab" * 10,
+        "cute_compile_abc",
+        "ab" * 32,
+        1,
+        abi="c",
+    )
 
     def manifest(*entries):
         return dataclasses.replace(good.manifest, entries=entries)

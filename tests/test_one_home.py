@@ -31,13 +31,19 @@ def environment_reads(path: Path) -> list[str]:
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
             if node.attr == "getenv":
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
             elif node.attr == "environ":
                 parent = parents.get(node)
-                writes = (isinstance(parent, ast.Subscript) and isinstance(parent.ctx, (ast.Store, ast.Del))) or (
-                    isinstance(parent, ast.Attribute) and parent.attr in WRITES)  # fmt: skip
+                writes = (
+                    isinstance(parent, ast.Subscript)
+                    and isinstance(parent.ctx, (ast.Store, ast.Del))
+                ) or (isinstance(parent, ast.Attribute) and parent.attr in WRITES)
                 if not writes:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     return found

@@ -31,8 +31,12 @@ def _compile_calls(tmp_path, specs, **env) -> list[dict]:
     """Run tests/user_kernels/compile_calls.py in a fresh process: one result per N:BLOCK."""
     done = subprocess.run(
         [sys.executable, "-m", "tests.user_kernels.compile_calls", *specs],
-        env=_env(tmp_path, **env), cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=_env(tmp_path, **env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -66,16 +70,28 @@ def test_the_key_ignores_runtime_values_and_keeps_compile_time_ones():
     assert call["target"] == {"function": "tests.user_kernels.scale:scale"}
     assert call["options"] == {"EnableTVMFFI": True}  # GPUArch is the bundle's, not the key's
     assert [name for name, _ in call["args"]] == ["x", "y", "factor", "stream", "block"]
-    assert call["args"][0][1] == {"dlpack": {"align": 16, "dtype": "Float32", "layout":
-                                  "gmem o (?):(1)", "stride32": False, "tvm_ffi": False}}  # fmt: skip
+    assert call["args"][0][1] == {
+        "dlpack": {
+            "align": 16,
+            "dtype": "Float32",
+            "layout": "gmem o (?):(1)",
+            "stride32": False,
+            "tvm_ffi": False,
+        }
+    }
     assert base.replay_data["examples"][0]["shape"] == [1000]
 
 
 def test_served_functions_of_one_signature_share_its_wrapper_and_each_calls_its_own():
     from cute_aot.runtime.compile_hook import _callable_as_compiled
 
-    spec = {"arg_names": ["x", "y", "factor"], "arg_defaults": [2.0], "kwonly_names": ["n"],
-            "kwonly_defaults": {"n": 3}, "env_streams": []}  # fmt: skip
+    spec = {
+        "arg_names": ["x", "y", "factor"],
+        "arg_defaults": [2.0],
+        "kwonly_names": ["n"],
+        "kwonly_defaults": {"n": 3},
+        "env_streams": [],
+    }
     first = _callable_as_compiled(lambda *args: ("first", args), spec)
     second = _callable_as_compiled(lambda *args: ("second", args), spec)
     assert first(1, y=2) == ("first", (1, 2, 2.0, 3))
@@ -109,7 +125,7 @@ def test_several_processes_record_each_distinct_call_once(tmp_path):
         "recorder = Recorder(sys.argv[2])\n"
         "for call in calls * 3:\n"
         "    recorder.add(call, None, {}, None, 'site.py:1')\n"
-    )  # fmt: skip
+    )
     processes = [
         subprocess.Popen([sys.executable, "-c", child, str(seed), str(record)], env=_env(tmp_path))
         for seed in range(6)
@@ -146,8 +162,17 @@ def recorded_bundle(tmp_path_factory):
     ]
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(lines) == 3  # 77:128 is 1000:128 again: the size is dynamic
-    built = _aot_build(tmp_path, "--from-record", record, "--arch", "sm90a", "--out",
-                       tmp_path / "bundles", "--name", "recorded")  # fmt: skip
+    built = _aot_build(
+        tmp_path,
+        "--from-record",
+        record,
+        "--arch",
+        "sm90a",
+        "--out",
+        tmp_path / "bundles",
+        "--name",
+        "recorded",
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return tmp_path, record, tmp_path / "bundles"
 
@@ -155,8 +180,13 @@ def recorded_bundle(tmp_path_factory):
 @pytest.mark.slow
 def test_mode_aot_serves_recorded_calls_without_compiling(recorded_bundle, tmp_path):
     _, _, bundles = recorded_bundle
-    served, missed = _compile_calls(tmp_path, ["5:128", "1000:64"], CUTE_AOT_BUNDLES=str(bundles),
-                                    CUTE_AOT_INTERCEPT="1", CUTE_AOT_MODE="aot")  # fmt: skip
+    served, missed = _compile_calls(
+        tmp_path,
+        ["5:128", "1000:64"],
+        CUTE_AOT_BUNDLES=str(bundles),
+        CUTE_AOT_INTERCEPT="1",
+        CUTE_AOT_MODE="aot",
+    )
     assert served["type"] == "function" and served["compiles"] == 0  # the bundle's TVM-FFI function
     assert served["counters"]["cute_compile"]["hits"] == 1
     assert missed["error"] == "KernelNotFoundError" and missed["compiles"] == 0
@@ -175,9 +205,13 @@ def test_a_compile_without_tvm_ffi_is_served_as_the_dsls_own_compiled_function(
     from cute_aot.artifacts.verify import TVM_FFI_EXPORT_PREFIX
 
     _, _, bundles = recorded_bundle
-    c_abi, tvm_ffi, other = _compile_calls(tmp_path, ["5:128:c", "5:128", "5:64:c"],
-                                           CUTE_AOT_BUNDLES=str(bundles), CUTE_AOT_INTERCEPT="1",
-                                           CUTE_AOT_MODE="aot")  # fmt: skip
+    c_abi, tvm_ffi, other = _compile_calls(
+        tmp_path,
+        ["5:128:c", "5:128", "5:64:c"],
+        CUTE_AOT_BUNDLES=str(bundles),
+        CUTE_AOT_INTERCEPT="1",
+        CUTE_AOT_MODE="aot",
+    )
     assert c_abi["type"] == "CudaDialectJitCompiledFunction" and c_abi["compiles"] == 0
     assert tvm_ffi["type"] == "function" and tvm_ffi["compiles"] == 0
     assert tvm_ffi["counters"]["cute_compile"]["hits"] == 2
@@ -197,8 +231,13 @@ def test_a_compile_without_tvm_ffi_is_served_as_the_dsls_own_compiled_function(
 def test_mode_auto_compiles_a_miss_and_the_next_build_covers_it(recorded_bundle, tmp_path):
     _, _, bundles = recorded_bundle
     log = tmp_path / "misses.jsonl"
-    hit, miss = _compile_calls(tmp_path, ["9:256", "9:64"], CUTE_AOT_BUNDLES=str(bundles),
-                               CUTE_AOT_INTERCEPT="1", CUTE_AOT_MISS_LOG=str(log))  # fmt: skip
+    hit, miss = _compile_calls(
+        tmp_path,
+        ["9:256", "9:64"],
+        CUTE_AOT_BUNDLES=str(bundles),
+        CUTE_AOT_INTERCEPT="1",
+        CUTE_AOT_MISS_LOG=str(log),
+    )
     assert hit["type"] == "function" and hit["compiles"] == 0
     assert miss["type"] == "TVMFFIJitCompiledFunctionWithKwargs" and miss["compiles"] == 1
     [logged] = [json.loads(line) for line in log.read_text().splitlines()]
@@ -208,16 +247,26 @@ def test_mode_auto_compiles_a_miss_and_the_next_build_covers_it(recorded_bundle,
     assert Path(logged["problem"]["site"].rsplit(":", 1)[0]).name == "compile_calls.py"
     built = _aot_build(tmp_path, "--from-misses", log, "--out", tmp_path / "next")
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    [again] = _compile_calls(tmp_path, ["9:64"], CUTE_AOT_BUNDLES=str(tmp_path / "next"),
-                             CUTE_AOT_INTERCEPT="1", CUTE_AOT_MODE="aot")  # fmt: skip
+    [again] = _compile_calls(
+        tmp_path,
+        ["9:64"],
+        CUTE_AOT_BUNDLES=str(tmp_path / "next"),
+        CUTE_AOT_INTERCEPT="1",
+        CUTE_AOT_MODE="aot",
+    )
     assert again["type"] == "function" and again["compiles"] == 0
 
 
 @pytest.mark.slow
 def test_mode_jit_never_looks_at_bundles(recorded_bundle, tmp_path):
     _, _, bundles = recorded_bundle
-    [bypassed] = _compile_calls(tmp_path, ["5:128"], CUTE_AOT_BUNDLES=str(bundles),
-                                CUTE_AOT_INTERCEPT="1", CUTE_AOT_MODE="jit")  # fmt: skip
+    [bypassed] = _compile_calls(
+        tmp_path,
+        ["5:128"],
+        CUTE_AOT_BUNDLES=str(bundles),
+        CUTE_AOT_INTERCEPT="1",
+        CUTE_AOT_MODE="jit",
+    )
     assert bypassed["type"] == "TVMFFIJitCompiledFunctionWithKwargs" and bypassed["compiles"] == 1
 
 
@@ -225,8 +274,14 @@ def test_mode_jit_never_looks_at_bundles(recorded_bundle, tmp_path):
 def test_the_build_lists_what_it_could_not_replay_and_fails(recorded_bundle, tmp_path):
     _, record, _ = recorded_bundle
     mixed = tmp_path / "mixed.jsonl"
-    unreplayable = {"format": 1, "family": "cute_compile", "recreatable": False,
-                    "site": "server.py:42", "target": "?", "reason": "a closure"}  # fmt: skip
+    unreplayable = {
+        "format": 1,
+        "family": "cute_compile",
+        "recreatable": False,
+        "site": "server.py:42",
+        "target": "?",
+        "reason": "a closure",
+    }
     mixed.write_text(record.read_text() + json.dumps(unreplayable) + "\n")
     built = _aot_build(tmp_path, "--from-record", mixed, "--arch", "sm90a", "--out", tmp_path / "b")
     assert built.returncode == 1
@@ -250,12 +305,28 @@ def test_hardware_answers_are_pinned_for_the_architecture_that_gave_them(tmp_pat
     call = describe_call(options, scale_on_every_sm, arguments(1000), {})
     answered = call.key({"HardwareInfo.get_device_multiprocessor_count()": 132})
     record = tmp_path / "calls.jsonl"
-    line = {"format": 1, "family": "cute_compile", "recreatable": True, "arch": "sm_90a",
-            "site": "server.py:7", "target": call.target, "key_id": answered.id,
-            "key": answered.fields()}  # fmt: skip
+    line = {
+        "format": 1,
+        "family": "cute_compile",
+        "recreatable": True,
+        "arch": "sm_90a",
+        "site": "server.py:7",
+        "target": call.target,
+        "key_id": answered.id,
+        "key": answered.fields(),
+    }
     record.write_text(json.dumps(line) + "\n")
-    built = _aot_build(tmp_path, "--from-record", record, "--arch", "sm90a", "--arch", "sm100a",
-                       "--out", tmp_path / "b")  # fmt: skip
+    built = _aot_build(
+        tmp_path,
+        "--from-record",
+        record,
+        "--arch",
+        "sm90a",
+        "--arch",
+        "sm100a",
+        "--out",
+        tmp_path / "b",
+    )
     said = built.stdout + built.stderr
     assert built.returncode == 1, said  # sm_100a left out
     assert "replayable there only" in said and "sm_100a" in said

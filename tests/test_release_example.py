@@ -63,7 +63,7 @@ def test_sharded_release_then_wheels_and_an_object_store(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(SHARDS)
     ]
     for job in jobs:
@@ -72,12 +72,18 @@ def test_sharded_release_then_wheels_and_an_object_store(
     shards = sorted(p.name for p in (tmp_path / "release" / "shards").iterdir() if p.is_dir())
     assert shards == [f"default.shard-{i}-of-{SHARDS}" for i in range(SHARDS)]
 
-    published = subprocess.run(["bash", RELEASE / "release.sh", "publish"], env=env,
-                               capture_output=True, text=True, timeout=900)  # fmt: skip
+    published = subprocess.run(
+        ["bash", RELEASE / "release.sh", "publish"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert published.returncode == 0, published.stdout + published.stderr
     (wheel,) = (tmp_path / "release" / "dist").glob("*.whl")
-    assert re.fullmatch(r"cute_aot_bundle_default_sm90a-.+-py3-none-manylinux_2_\d+_x86_64\.whl",
-                        wheel.name)  # fmt: skip
+    assert re.fullmatch(
+        r"cute_aot_bundle_default_sm90a-.+-py3-none-manylinux_2_\d+_x86_64\.whl", wheel.name
+    )
     bundle = tmp_path / "release" / "bundles" / "default-sm_90a.cuteaot"
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read("cute_aot_bundle_default_sm90a/default-sm_90a.cuteaot") == (

@@ -59,8 +59,10 @@ def test_bad_inputs_are_refused_with_a_clear_error(x, w, message):
         router_gemm(x, w)
 
 
-def test_input_errors_are_value_errors():
-    assert issubclass(InputError, ValueError)
+def test_a_caller_catching_value_error_catches_a_refused_input():
+    with pytest.raises(ValueError, match="x must be bfloat16") as caught:
+        router_gemm(torch.zeros(2, 64), _bf16(8, 64))
+    assert type(caught.value) is InputError
 
 
 @pytest.mark.parametrize(

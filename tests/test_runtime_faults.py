@@ -38,11 +38,17 @@ KEY = ROUTER.dispatch(PROBLEM, ARCH).key
 def _fake_bundle(key, function, path="fake.cuteaot") -> LoadedBundle:
     entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
     manifest = Manifest(
-        "fake", ARCH, "1", "test", toolchain.fingerprint(),
-        {key.FAMILY: family_facts(key.FAMILY)}, {}, {}, (entry,),
-    )  # fmt: skip
-    return LoadedBundle(Path(path), manifest, "memfd:fake", {key.symbol: function},
-                        {key.id: entry})  # fmt: skip
+        "fake",
+        ARCH,
+        "1",
+        "test",
+        toolchain.fingerprint(),
+        {key.FAMILY: family_facts(key.FAMILY)},
+        {},
+        {},
+        (entry,),
+    )
+    return LoadedBundle(Path(path), manifest, "memfd:fake", {key.symbol: function}, {key.id: entry})
 
 
 @pytest.fixture
@@ -76,7 +82,7 @@ def test_a_miss_with_a_read_only_cache_dir_falls_back_instead_of_failing(
         with pytest.warns(RuntimeWarning, match="overlay cache unusable"):
             out = ops.op("router_gemm")(x, w)
     assert torch.equal(out, _reference(x, w))
-    assert policy.counters()["router_gemm"]["degradations"] >= 1
+    assert policy.counters()["router_gemm"]["degradations"] == 2  # the overlay, then JIT
 
 
 # -- 3 and 4: a mode change or a load while resolving; the environment's mode --------------------
@@ -141,7 +147,9 @@ def test_a_bundle_folder_that_appears_later_is_loaded(router_op, monkeypatch, tm
     ops.op("router_gemm")(x, w)  # the load moved the epoch: resolved again, from the bundle
     hits = policy.counters()["router_gemm"]["hits"]
     ops.op("router_gemm")(x, w)  # remembered now: the hit path
-    assert served == [1, 1] and hits >= 1
+    # two resolutions in the first call: one while the load moved the epoch (not remembered),
+    # then the bundle's; the second call is the hit path, which resolves nothing
+    assert served == [1, 1] and hits == 2
     assert policy.counters()["router_gemm"]["hits"] == hits
 
 
@@ -164,8 +172,9 @@ def test_under_umask_002_the_library_cache_is_private_and_trusted_next_time(stub
     env = {**os.environ, "CUTE_AOT_CACHE_DIR": str(tmp_path / "cache")}
     runs = []
     for _ in range(2):
-        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                                text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
         assert result.returncode == 0, result.stderr
         runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
     assert runs[0]["libs_mode"] & 0o022 == 0
@@ -249,8 +258,12 @@ def test_a_library_others_can_write_is_never_dlopened_from_the_cache(stub_bundle
             print(json.dumps(where))
             """
         )
-        result = subprocess.run([sys.executable, "-W", "ignore", "-c", script],
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         stop.set()
         writer.join()
@@ -275,8 +288,9 @@ def test_a_fifo_as_miss_log_never_blocks_the_op_path(tmp_path):
         """
     )
     env = {**os.environ, "CUTE_AOT_MISS_LOG": str(fifo)}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and "returned" in result.stdout, result.stderr
     assert "cannot write the miss log" in result.stderr
 
@@ -297,8 +311,10 @@ def test_a_record_cut_short_by_a_full_disk_costs_only_itself(fresh_runtime, monk
 
     with small_tmpfs(tmp_path / "disk", "64k") as disk:
         monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(disk / "misses.jsonl"))
-        keys = [ROUTER.dispatch(ROUTER.parse_problem(f"M=1,N=8,K={k}"), ARCH).key
-                for k in range(64, 64 + 8 * 400, 8)]  # fmt: skip
+        keys = [
+            ROUTER.dispatch(ROUTER.parse_problem(f"M=1,N=8,K={k}"), ARCH).key
+            for k in range(64, 64 + 8 * 400, 8)
+        ]
         record_miss(keys[0], ARCH, {})
         fill(disk)
         written = 1
@@ -436,7 +452,7 @@ def test_sixteen_processes_load_one_bundle_into_an_empty_cache(stub_bundles, tmp
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for _ in range(16)
     ]
     reports = []
@@ -476,13 +492,14 @@ def test_a_server_with_a_read_only_home_loads_and_falls_back(stub_bundles, tmp_p
     with read_only_folder(tmp_path / "home") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUTE_AOT_", "XDG_"))}
         env["HOME"] = str(home)
-        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                                text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["where"].startswith("memfd:") and report["hit"] == "Function"
     assert report["served"] == "reference"
-    assert report["counters"]["router_gemm"]["degradations"] >= 2  # overlay, then JIT
+    assert report["counters"]["router_gemm"]["degradations"] == 2  # overlay, then JIT
 
 
 def test_a_full_cache_disk_loads_libraries_from_memory(stub_bundles, monkeypatch, tmp_path):
@@ -529,4 +546,4 @@ def test_a_kernel_whose_export_fails_still_serves_and_is_compiled_once(
         first = REGISTRY.resolve(key, ARCH)
     assert callable(first) and jit.compile_count == before + 1
     assert REGISTRY.resolve(key, ARCH) is first and jit.compile_count == before + 1
-    assert policy.counters()["router_gemm"]["degradations"] >= 1
+    assert policy.counters()["router_gemm"]["degradations"] == 1  # the overlay, once

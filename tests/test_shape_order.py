@@ -19,8 +19,13 @@ from cute_aot.kernels.tables import packaged_tables
 from cute_aot.runtime.aot_cache.cli import main as aot_cache
 from tests.test_cli import planned
 
-GEMMS = ["router_gemm", "gemm_sm90", "gemm_sm90_fp8", "flashinfer_mxfp8_gemm",
-         "flashinfer_tgv_gemm"]  # fmt: skip
+GEMMS = [
+    "router_gemm",
+    "gemm_sm90",
+    "gemm_sm90_fp8",
+    "flashinfer_mxfp8_gemm",
+    "flashinfer_tgv_gemm",
+]
 N, K, M = 256, 7168, 12  # a router's experts and hidden size: N < K, as in every released MoE
 WEIGHT_SPELLINGS = [f"{N},{K}", f"N={N},K={K}", f"k={K},n={N}"]
 PROBLEM_SPELLINGS = [f"{M},{N},{K}", f"M={M},N={N},K={K}", f"K={K},M={M},N={N}"]
@@ -74,9 +79,11 @@ def test_a_router_weight_shape_is_the_shape_of_w():
 
 @pytest.mark.parametrize(
     "text, fix",
-    [(f"{K},{N}", f"write {N},{K}, or N={K},K={N} if N > K is meant"),
-     (f"{K}, {N}", f"write {N},{K}, or N={K},K={N} if N > K is meant")],
-)  # fmt: skip
+    [
+        (f"{K},{N}", f"write {N},{K}, or N={K},K={N} if N > K is meant"),
+        (f"{K}, {N}", f"write {N},{K}, or N={K},K={N} if N > K is meant"),
+    ],
+)
 def test_the_router_refuses_the_older_k_n_order_with_the_fix(text, fix):
     with pytest.raises(UnsupportedProblemError, match="the older K,N order") as refused:
         family("router_gemm").parse_shape(text)
@@ -127,8 +134,16 @@ def test_aot_build_plans_the_same_keys_for_every_spelling(monkeypatch, name):
     arch = found.archs[0]
     want = set(found.enumerate_keys(arch, [(N, K)]))
     for text in WEIGHT_SPELLINGS:
-        plan, _ = planned(monkeypatch, "--families", name, "--no-default-shapes",
-                       "--shape", f"{name}:{text}", "--arch", arch)  # fmt: skip
+        plan, _ = planned(
+            monkeypatch,
+            "--families",
+            name,
+            "--no-default-shapes",
+            "--shape",
+            f"{name}:{text}",
+            "--arch",
+            arch,
+        )
         assert want and set(plan[arch]) == want, text
 
 

@@ -35,9 +35,10 @@ def router_tuned(split_k: int = 3) -> Table:
     """A tuned router table: (K=64, N=8) at M=2 goes to split-K (the default rule says dot)."""
     key = ROUTER.Key("splitk", 0, 0, 0, split_k, 2, True)
     return ROUTER.tuned_table(
-        ARCH, [(RouterProblem(2, 64, 8), key, {key.id: 3.0, "other": 4.5})],
+        ARCH,
+        [(RouterProblem(2, 64, 8), key, {key.id: 3.0, "other": 4.5})],
         {"source": "aot-tune", "gpu": "test GPU"},
-    )  # fmt: skip
+    )
 
 
 # -- the format ----------------------------------------------------------------------------------
@@ -83,9 +84,10 @@ def test_gemm_tuned_rows_serve_their_m_range():
     wide = GEMM.dispatch(GemmProblem(200, 4096, 4096), ARCH, handwritten).key
     best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, stages_for("bfloat16", 64, 64), True, 8, True)
     table = GEMM.tuned_table(
-        ARCH, [(GemmProblem(256, 4096, 4096), best, {best.id: 10.0, wide.id: 12.0})],
+        ARCH,
+        [(GemmProblem(256, 4096, 4096), best, {best.id: 10.0, wide.id: 12.0})],
         {"source": "aot-tune"},
-    )  # fmt: skip
+    )
     (row,) = table.data["shape_rows"]
     assert row["m"] == [129, 256] and row["runner_up_us"] == 12.0
     for m in (129, 200, 256):
@@ -113,10 +115,16 @@ def test_keys_are_enumerated_with_the_table():
 
 # -- build -> manifest -> runtime ----------------------------------------------------------------
 def _build(tmp_path: Path, name: str, tables: dict | None = None) -> Path:
-    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(8, 64)]},
-                     default_shapes=False, tables=tables or {})  # fmt: skip
-    outcome = run_build(plan, tmp_path / name, name=name, jobs=1, show_progress=False,
-                        worker=stub_compile)  # fmt: skip
+    plan = BuildPlan(
+        archs=[ARCH],
+        families=["router_gemm"],
+        extra_shapes={"router_gemm": [(8, 64)]},
+        default_shapes=False,
+        tables=tables or {},
+    )
+    outcome = run_build(
+        plan, tmp_path / name, name=name, jobs=1, show_progress=False, worker=stub_compile
+    )
     (bundle,) = outcome.bundles
     return bundle
 
@@ -150,10 +158,12 @@ def test_registry_dispatches_with_the_first_bundles_table_and_says_when_another_
 def _fake_bundle(key, function, table: Table) -> LoadedBundle:
     entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
     facts = {**family_facts(key.FAMILY), "table": table.record()}
-    manifest = Manifest("fake", ARCH, "1", "test", toolchain.fingerprint(), {key.FAMILY: facts},
-                        {}, {}, (entry,))  # fmt: skip
-    return LoadedBundle(Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function},
-                        {key.id: entry})  # fmt: skip
+    manifest = Manifest(
+        "fake", ARCH, "1", "test", toolchain.fingerprint(), {key.FAMILY: facts}, {}, {}, (entry,)
+    )
+    return LoadedBundle(
+        Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function}, {key.id: entry}
+    )
 
 
 def test_the_op_dispatches_with_the_serving_bundles_table(fresh_runtime, monkeypatch):
@@ -184,8 +194,20 @@ def test_show_tables_diff_and_explain_name_the_table(tmp_path):
     assert change["digest"] == [ROUTER.default_table(ARCH).digest, router_tuned().digest]
     assert change["fields"]["rows"]["added"] == router_tuned().data["rows"]
 
-    explained = runner.invoke(aot_cache, ["explain", "router_gemm", "--shape", "2,8,64", "--arch",
-                                          ARCH, "--bundle", str(tuned), "--json"])  # fmt: skip
+    explained = runner.invoke(
+        aot_cache,
+        [
+            "explain",
+            "router_gemm",
+            "--shape",
+            "2,8,64",
+            "--arch",
+            ARCH,
+            "--bundle",
+            str(tuned),
+            "--json",
+        ],
+    )
     (decision,) = json.loads(explained.output)["decisions"]
     assert decision["key"]["backend"] == "splitk" and decision["source"] == "bundle"
     assert decision["table"]["provenance"]["gpu"] == "test GPU"
@@ -207,8 +229,14 @@ def test_aot_tune_resumes_from_its_results_file(tmp_path):
     from cute_aot.runtime.tuning.cli import Tuner
 
     results = tmp_path / "t.results.jsonl"
-    row = {"family": "router_gemm", "arch": ARCH, "problem": [2, 64, 8, "bfloat16", "bfloat16"],
-           "key_id": "k1", "us": 3.0, "ok": True}  # fmt: skip
+    row = {
+        "family": "router_gemm",
+        "arch": ARCH,
+        "problem": [2, 64, 8, "bfloat16", "bfloat16"],
+        "key_id": "k1",
+        "us": 3.0,
+        "ok": True,
+    }
     other = {**row, "family": "gemm_sm90", "key_id": "k2"}
     results.write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n" + '{"family": "rou')
     tuner = Tuner(ROUTER, ARCH, results, Console(file=None))
@@ -232,11 +260,23 @@ def test_shards_carry_the_table_into_the_merged_bundles(tmp_path):
     from cute_aot.aot.shard import Shard
 
     tables = {("router_gemm", ARCH): router_tuned()}
-    plan = BuildPlan(archs=[ARCH], families=["router_gemm"], extra_shapes={"router_gemm": [(8, 64)]},
-                     default_shapes=False, tables=tables)  # fmt: skip
+    plan = BuildPlan(
+        archs=[ARCH],
+        families=["router_gemm"],
+        extra_shapes={"router_gemm": [(8, 64)]},
+        default_shapes=False,
+        tables=tables,
+    )
     for index in range(2):
-        run_build(plan, tmp_path / "shards", name="t", jobs=1, show_progress=False,
-                  worker=stub_compile, shard=Shard(index, 2))  # fmt: skip
+        run_build(
+            plan,
+            tmp_path / "shards",
+            name="t",
+            jobs=1,
+            show_progress=False,
+            worker=stub_compile,
+            shard=Shard(index, 2),
+        )
     (bundle,) = merge([tmp_path / "shards"], tmp_path / "out").bundles
     recorded = read_manifest(bundle).families["router_gemm"]["table"]
     assert Table.from_record(recorded, "m") == router_tuned()
@@ -253,8 +293,20 @@ def _cli_build(monkeypatch, tmp_path, *args) -> Path:
     stub_run = functools.partial(build_module.run_build, worker=stub_compile)
     monkeypatch.setattr("cute_aot.aot.cli.run_build", stub_run)
     out = tmp_path / "out"
-    result = CliRunner().invoke(aot_build, [*args, "--arch", ARCH, "--families", "router_gemm",
-                                            "--out", str(out), "--no-cache", "--quiet"])  # fmt: skip
+    result = CliRunner().invoke(
+        aot_build,
+        [
+            *args,
+            "--arch",
+            ARCH,
+            "--families",
+            "router_gemm",
+            "--out",
+            str(out),
+            "--no-cache",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return out / f"default-{ARCH}.cuteaot"
 
@@ -276,8 +328,18 @@ def test_a_build_from_a_miss_log_records_no_table(monkeypatch, tmp_path):
     decide a server's table (the first bundle that carries one does)."""
     key = ROUTER.Key("splitk", 0, 0, 0, 3, 2, True)
     log = tmp_path / "misses.jsonl"
-    log.write_text(json.dumps({"family": "router_gemm", "arch": ARCH, "key": key.fields(),
-                               "key_id": key.id, "problem": {}}) + "\n")  # fmt: skip
+    log.write_text(
+        json.dumps(
+            {
+                "family": "router_gemm",
+                "arch": ARCH,
+                "key": key.fields(),
+                "key_id": key.id,
+                "problem": {},
+            }
+        )
+        + "\n"
+    )
     manifest = read_manifest(_cli_build(monkeypatch, tmp_path, "--from-misses", str(log)))
     assert [e.key_id for e in manifest.entries] == [key.id]
     assert "table" not in manifest.families["router_gemm"]
@@ -288,10 +350,16 @@ def test_retuning_some_m_keeps_the_other_rows_of_the_base_table():
     at that (N, K); every other row of the base stays, and the provenance says so."""
     base = GEMM.default_table(ARCH)
     best = GEMM.Key("bfloat16", True, 64, 64, 1, 1, stages_for("bfloat16", 64, 64), True, 8, True)
-    table = GEMM.tuned_table(ARCH, [(GemmProblem(128, 4096, 4096), best, {best.id: 9.0})],
-                             {"source": "aot-tune"}, base=base)  # fmt: skip
+    table = GEMM.tuned_table(
+        ARCH,
+        [(GemmProblem(128, 4096, 4096), best, {best.id: 9.0})],
+        {"source": "aot-tune"},
+        base=base,
+    )
     rows = table.data["shape_rows"]
-    replaced = [r for r in base.data["shape_rows"] if (r["n"], r["k"], r["m"]) == (4096, 4096, [65, 128])]
+    replaced = [
+        r for r in base.data["shape_rows"] if (r["n"], r["k"], r["m"]) == (4096, 4096, [65, 128])
+    ]
     assert replaced and len(rows) == len(base.data["shape_rows"])
     (new,) = [r for r in rows if (r["n"], r["k"], r["m"]) == (4096, 4096, [65, 128])]
     assert (new["tile_m"], new["tile_n"], new["us"]) == (64, 64, 9.0)

@@ -33,9 +33,14 @@ def _env(tmp_path, **extra) -> dict:
 
 
 def _program(tmp_path, *args, check=True, **env) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "tests.user_kernels.torch_program", *args],
-                          env=_env(tmp_path, **env), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.user_kernels.torch_program", *args],
+        env=_env(tmp_path, **env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -46,8 +51,11 @@ def _lines(done) -> list[dict]:
 
 
 def _records(folder: Path) -> list[dict]:
-    return [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
-            for line in path.read_text().splitlines()]  # fmt: skip
+    return [
+        json.loads(line)
+        for path in sorted(folder.glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
 
 def _needs_the_dsl_and_torch():
@@ -58,9 +66,13 @@ def _needs_the_dsl_and_torch():
 # -- the profiles file ----------------------------------------------------------------------------
 def test_every_profile_value_names_its_source_and_its_capability_is_its_arch():
     for name, profile in gpu_profiles.profiles().items():
-        answers = {*profile.attributes, "name", "driver_version",
-                   *(["total_memory"] if profile.total_memory is not None else []),
-                   *(f"max_active_clusters({size})" for size in profile.max_active_clusters)}  # fmt: skip
+        answers = {
+            *profile.attributes,
+            "name",
+            "driver_version",
+            *(["total_memory"] if profile.total_memory is not None else []),
+            *(f"max_active_clusters({size})" for size in profile.max_active_clusters),
+        }
         assert set(profile.sources) == answers, name
         assert all(source.strip() for source in profile.sources.values()), name
         assert arch_for_capability(*profile.capability) == profile.arch, name
@@ -81,8 +93,11 @@ def test_an_override_changes_the_answer_and_says_so_but_not_the_architecture():
     changed = gpu_profiles.with_overrides(base, {"attributes": {"MULTIPROCESSOR_COUNT": 140}})
     assert (changed.sm_count, base.sm_count) == (140, 148)
     assert changed.sources["MULTIPROCESSOR_COUNT"] == "overridden by the user"
-    assert changed.describe() == {"profile": "b200", "arch": "sm_100a",
-                                  "overrides": {"attributes": {"MULTIPROCESSOR_COUNT": 140}}}  # fmt: skip
+    assert changed.describe() == {
+        "profile": "b200",
+        "arch": "sm_100a",
+        "overrides": {"attributes": {"MULTIPROCESSOR_COUNT": 140}},
+    }
     with pytest.raises(UnsupportedProblemError, match="9.0 is not sm_100a"):
         gpu_profiles.with_overrides(base, {"attributes": {"COMPUTE_CAPABILITY_MAJOR": 9}})
 
@@ -101,12 +116,32 @@ def test_a_virtual_h200_records_the_h200s_keys_and_the_record_builds(tmp_path):
     assert set(virtual) == set(real) and len(real) == 4
     for key_id, record in real.items():
         assert virtual[key_id]["key"] == record["key"], key_id
-        assert (virtual[key_id]["arch"], virtual[key_id]["tvm_ffi"]) == ("sm_90a", record["tvm_ffi"])
+        assert (virtual[key_id]["arch"], virtual[key_id]["tvm_ffi"]) == (
+            "sm_90a",
+            record["tvm_ffi"],
+        )
     built = subprocess.run(
-        [sys.executable, "-m", "cute_aot.aot.cli", "--from-record", str(tmp_path / "rec"),
-         "--arch", "sm90a", "--out", str(tmp_path / "out"), "--name", "virtual", "--quiet",
-         "--no-cache"], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
-        timeout=900)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cute_aot.aot.cli",
+            "--from-record",
+            str(tmp_path / "rec"),
+            "--arch",
+            "sm90a",
+            "--out",
+            str(tmp_path / "out"),
+            "--name",
+            "virtual",
+            "--quiet",
+            "--no-cache",
+        ],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     (bundle,) = (tmp_path / "out").glob("*.cuteaot")
     assert {entry.key_id for entry in read_manifest(bundle).entries} == set(real)
@@ -130,10 +165,14 @@ def test_a_hardware_query_is_answered_by_the_profile_and_recorded_with_it(tmp_pa
         replay = json.loads(record["key"]["replay"])
         answers[spec] = (replay["hardware"], replay["device"], record["key_id"])
     b200, fewer = answers["b200"], answers[str(override)]
-    assert b200[:2] == ({"HardwareInfo.get_device_multiprocessor_count()": 148},
-                        {"name": "NVIDIA B200", "sm_count": 148})  # fmt: skip
-    assert fewer[:2] == ({"HardwareInfo.get_device_multiprocessor_count()": 140},
-                         {"name": "NVIDIA B200", "sm_count": 140})  # fmt: skip
+    assert b200[:2] == (
+        {"HardwareInfo.get_device_multiprocessor_count()": 148},
+        {"name": "NVIDIA B200", "sm_count": 148},
+    )
+    assert fewer[:2] == (
+        {"HardwareInfo.get_device_multiprocessor_count()": 140},
+        {"name": "NVIDIA B200", "sm_count": 140},
+    )
 
 
 def test_cpu_tensors_stay_real_cuda_ones_are_fake_on_every_thread_and_questions_are_named(tmp_path):
@@ -144,17 +183,26 @@ def test_cpu_tensors_stay_real_cuda_ones_are_fake_on_every_thread_and_questions_
     done = _program(tmp_path, "--ask", CUTE_AOT_VIRTUAL="h200", CUTE_AOT_REPORT=str(report))
     lines = _lines(done)
     (info,) = [line for line in lines if "cpu" in line]
-    assert info == {"cpu": [0, 1, 2], "cuda_on_a_thread": "FakeTensor", "device": "NVIDIA H200",
-                    "capability": [9, 0]}  # fmt: skip
+    assert info == {
+        "cpu": [0, 1, 2],
+        "cuda_on_a_thread": "FakeTensor",
+        "device": "NVIDIA H200",
+        "capability": [9, 0],
+    }
     source = PROGRAM.read_text().splitlines()
-    expected = {"item": "x.sum().item()", "driver": "cuModuleLoadData",
-                "timing": "elapsed_time", "property": "no_such_property"}  # fmt: skip
+    expected = {
+        "item": "x.sum().item()",
+        "driver": "cuModuleLoadData",
+        "timing": "elapsed_time",
+        "property": "no_such_property",
+    }
     asked = {line["question"]: line for line in lines if "question" in line}
     assert set(asked) == set(expected)
     sites = {}
     for question, text in expected.items():
-        (number,) = [i + 1 for i, line in enumerate(source)
-                     if f'yield "{question}"' in line and text in line]  # fmt: skip
+        (number,) = [
+            i + 1 for i, line in enumerate(source) if f'yield "{question}"' in line and text in line
+        ]
         sites[question] = f"{PROGRAM}:{number}"
         assert asked[question]["error"] in ("Unanswerable", "UnansweredAttribute"), asked[question]
         assert asked[question]["message"].endswith(f"asked at {sites[question]}")
@@ -172,13 +220,23 @@ def test_an_unknown_profile_stops_the_program_before_it_runs(tmp_path):
 
 
 def test_the_libraries_caches_live_in_a_folder_of_the_process_removed_at_exit(tmp_path):
-    probe = ("import os, json; print(json.dumps({n: os.environ.get(n) for n in "
-             "('FLASHINFER_WORKSPACE_BASE', 'XDG_CACHE_HOME', 'CUTE_DSL_ARCH')}))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", probe], env=_env(tmp_path, CUTE_AOT_VIRTUAL="b300"),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    probe = (
+        "import os, json; print(json.dumps({n: os.environ.get(n) for n in "
+        "('FLASHINFER_WORKSPACE_BASE', 'XDG_CACHE_HOME', 'CUTE_DSL_ARCH')}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=_env(tmp_path, CUTE_AOT_VIRTUAL="b300"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["CUTE_DSL_ARCH"] == "sm_103a"  # the profile's, never the DSL's guess
     folder = Path(seen["FLASHINFER_WORKSPACE_BASE"]).parent
-    assert folder.name.startswith("cute-aot-virtual-") and Path(seen["XDG_CACHE_HOME"]).parent == folder
+    assert (
+        folder.name.startswith("cute-aot-virtual-")
+        and Path(seen["XDG_CACHE_HOME"]).parent == folder
+    )
     assert not folder.exists()  # removed when the process ended

@@ -33,14 +33,33 @@ def _run(args, env, cwd) -> subprocess.CompletedProcess:
 
 
 def _program(tmp_path, **env) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "tests.user_kernels.torch_program", "--every-sm"],
-                _env(tmp_path, **env), tmp_path)  # fmt: skip
+    return _run(
+        [sys.executable, "-m", "tests.user_kernels.torch_program", "--every-sm"],
+        _env(tmp_path, **env),
+        tmp_path,
+    )
 
 
 def _build(tmp_path, records: Path, out: Path) -> None:
-    built = _run([sys.executable, "-m", "cute_aot.aot.cli", "--from-record", f"{records}/",
-                  "--arch", "sm90a", "--out", str(out), "--name", "virtual", "--quiet",
-                  "--no-cache"], _env(tmp_path, CUDA_VISIBLE_DEVICES=""), tmp_path)  # fmt: skip
+    built = _run(
+        [
+            sys.executable,
+            "-m",
+            "cute_aot.aot.cli",
+            "--from-record",
+            f"{records}/",
+            "--arch",
+            "sm90a",
+            "--out",
+            str(out),
+            "--name",
+            "virtual",
+            "--quiet",
+            "--no-cache",
+        ],
+        _env(tmp_path, CUDA_VISIBLE_DEVICES=""),
+        tmp_path,
+    )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
 
 
@@ -59,8 +78,9 @@ def test_recorded_virtually_built_blind_and_served_by_the_answers_of_this_gpu(tm
     if profile is None or profile.arch != "sm_90a":
         pytest.skip(f"no sm_90a profile in kernels/gpu_profiles.json names this GPU ({name})")
     other = tmp_path / "other-gpu.json"
-    other.write_text(json.dumps({"base": profile.name,
-                                 "attributes": {"MULTIPROCESSOR_COUNT": sm_count + 8}}))  # fmt: skip
+    other.write_text(
+        json.dumps({"base": profile.name, "attributes": {"MULTIPROCESSOR_COUNT": sm_count + 8}})
+    )
     for folder, spec in (("rec-same", profile.name), ("rec-other", str(other))):
         done = _program(tmp_path, CUTE_AOT_VIRTUAL=spec, CUTE_AOT_RECORD=f"{tmp_path / folder}/")
         assert done.returncode == 0, done.stderr[-3000:]
@@ -73,15 +93,26 @@ def test_recorded_virtually_built_blind_and_served_by_the_answers_of_this_gpu(tm
     _build(tmp_path, tmp_path / "rec-other", tmp_path / "other")
 
     report = tmp_path / "served.json"
-    served = _program(tmp_path, CUTE_AOT_BUNDLES=str(tmp_path / "both"), CUTE_AOT_INTERCEPT="1",
-                      CUTE_AOT_MODE="aot", CUTE_AOT_REPORT=str(report))  # fmt: skip
+    served = _program(
+        tmp_path,
+        CUTE_AOT_BUNDLES=str(tmp_path / "both"),
+        CUTE_AOT_INTERCEPT="1",
+        CUTE_AOT_MODE="aot",
+        CUTE_AOT_REPORT=str(report),
+    )
     assert served.returncode == 0, served.stderr[-3000:]
     counts = json.loads(report.read_text())
     assert (counts["compiles"], counts["hits"], counts["misses"]) == (0, 5, 0), counts
 
-    missed = _program(tmp_path, CUTE_AOT_BUNDLES=str(tmp_path / "other"), CUTE_AOT_INTERCEPT="1",
-                      CUTE_AOT_MODE="aot")  # fmt: skip
+    missed = _program(
+        tmp_path,
+        CUTE_AOT_BUNDLES=str(tmp_path / "other"),
+        CUTE_AOT_INTERCEPT="1",
+        CUTE_AOT_MODE="aot",
+    )
     assert missed.returncode != 0
     assert "KernelNotFoundError" in missed.stderr, missed.stderr[-3000:]
-    assert f"{SM_COUNT} = {sm_count + 8} there, {sm_count} here" in missed.stderr, missed.stderr[-3000:]
+    assert f"{SM_COUNT} = {sm_count + 8} there, {sm_count} here" in missed.stderr, missed.stderr[
+        -3000:
+    ]
     assert f"({name})" in missed.stderr

@@ -45,15 +45,29 @@ CACHE_FUNCTION = "_get_compiled_decode_kernel_nontranspose"
 
 # FlashInfer's cache-key parameters, in order: the patch refuses a FlashInfer whose differ.
 FLASHINFER_KEY = (
-    "target_key", "use_small_batch", "T", "H", "HV", "K", "V", "dtype_key", "scale",
+    "target_key",
+    "use_small_batch",
+    "T",
+    "H",
+    "HV",
+    "K",
+    "V",
+    "dtype_key",
+    "scale",
     "use_qk_l2norm",
-)  # fmt: skip
+)
 # The operands whose dtypes make up FlashInfer's dtype_key, in its order, with our field names.
 DTYPE_FIELDS = (
-    ("h0_source", "state_dtype"), ("A_log", "a_log_dtype"), ("a", "a_dtype"),
-    ("dt_bias", "dt_bias_dtype"), ("q", "q_dtype"), ("k", "k_dtype"), ("v", "v_dtype"),
-    ("b", "b_dtype"), ("output", "out_dtype"),
-)  # fmt: skip
+    ("h0_source", "state_dtype"),
+    ("A_log", "a_log_dtype"),
+    ("a", "a_dtype"),
+    ("dt_bias", "dt_bias_dtype"),
+    ("q", "q_dtype"),
+    ("k", "k_dtype"),
+    ("v", "v_dtype"),
+    ("b", "b_dtype"),
+    ("output", "out_dtype"),
+)
 # What a Qwen3-Next-style server passes: fp32 state and A_log, bf16 activations, bf16 output
 # (FlashInfer allocates bf16 when no output is given); dt_bias is the model's (bf16) or fp32.
 DEFAULT_DTYPES = ("float32", "float32", "bfloat16", "float32") + ("bfloat16",) * 5
@@ -142,8 +156,17 @@ def _dispatch(problem: GdnProblem, arch: str) -> Dispatch:
     check_problem(problem)
     scale = problem.k**-0.5 if problem.scale is None else problem.scale
     small = problem.batch < SMALL_BATCH_BELOW
-    key = GdnDecodeKey(small, problem.t, problem.h, problem.hv, problem.k, problem.v,
-                       *problem.dtypes, scale, problem.use_qk_l2norm)  # fmt: skip
+    key = GdnDecodeKey(
+        small,
+        problem.t,
+        problem.h,
+        problem.hv,
+        problem.k,
+        problem.v,
+        *problem.dtypes,
+        scale,
+        problem.use_qk_l2norm,
+    )
     if small:
         grid = f"B={problem.batch} < {SMALL_BATCH_BELOW}: FlashInfer's small-batch kernel"
     else:
@@ -171,9 +194,17 @@ def flashinfer_key(key: GdnDecodeKey, arch: str, device_index: int = 0) -> tuple
     from cute_aot.kernels.flashinfer import torch_dtype
 
     return (
-        (device_index, arch), key.small_batch, key.t, key.h, key.hv, key.k, key.v,
-        tuple(torch_dtype(name) for name in key.dtypes), key.scale, key.use_qk_l2norm,
-    )  # fmt: skip
+        (device_index, arch),
+        key.small_batch,
+        key.t,
+        key.h,
+        key.hv,
+        key.k,
+        key.v,
+        tuple(torch_dtype(name) for name in key.dtypes),
+        key.scale,
+        key.use_qk_l2norm,
+    )
 
 
 def check_flashinfer(cache_function) -> None:
@@ -207,12 +238,25 @@ def serving_lookup(original, serving):
 
 
 def _problem_details(key: GdnDecodeKey) -> dict[str, Any]:
-    return {"batch": "B<32" if key.small_batch else "B>=32", "H": key.h, "HV": key.hv,
-            "K": key.k, "V": key.v, "q": key.q_dtype, "dt_bias": key.dt_bias_dtype}  # fmt: skip
+    return {
+        "batch": "B<32" if key.small_batch else "B>=32",
+        "H": key.h,
+        "HV": key.hv,
+        "K": key.k,
+        "V": key.v,
+        "q": key.q_dtype,
+        "dt_bias": key.dt_bias_dtype,
+    }
 
 
-def _tensor(name: str, dtype: str, rank: int, align: int = 16, layout: str = "row-major",
-            output: bool = False) -> TensorArg:  # fmt: skip
+def _tensor(
+    name: str,
+    dtype: str,
+    rank: int,
+    align: int = 16,
+    layout: str = "row-major",
+    output: bool = False,
+) -> TensorArg:
     return TensorArg(name, dtype, rank, layout=layout, align_bytes=align, output=output)
 
 
@@ -243,7 +287,7 @@ class GdnDecodeFamily(KernelFamily):
         _tensor("h0_indices", "int32", 1),
         _tensor(
             "output", "key out_dtype", 4, layout="strided, last dimension contiguous", output=True
-        ),  # fmt: skip
+        ),
         ValueArg("stream", "stream"),
     )
     builder = "cute_aot.kernels.flashinfer.gdn_decode_build"
@@ -288,8 +332,12 @@ class GdnDecodeFamily(KernelFamily):
 
     def shapes_from_model(self, config: dict[str, Any]) -> list[tuple[int, ...]]:
         """Qwen3-Next-style configs (linear_num_key_heads, ...), per GPU at TP 1, 2, 4, 8."""
-        names = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                 "linear_value_head_dim")  # fmt: skip
+        names = (
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+        )
         if not all(name in config for name in names):
             return []
         h, hv, k, v = (int(config[name]) for name in names)
@@ -297,9 +345,18 @@ class GdnDecodeFamily(KernelFamily):
 
     def input_shapes(self, problem) -> tuple[tuple[int, ...], ...]:
         p = GdnProblem(*problem)
-        return ((p.batch + 1,), (p.batch, p.t, p.h, p.k), (p.batch, p.t, p.h, p.k),
-                (p.batch, p.t, p.hv, p.v), (p.batch, p.t, p.hv), (p.batch, p.t, p.hv), (p.hv,),
-                (p.hv,), (p.batch * p.hv, p.k, p.v), (p.batch,))  # fmt: skip
+        return (
+            (p.batch + 1,),
+            (p.batch, p.t, p.h, p.k),
+            (p.batch, p.t, p.h, p.k),
+            (p.batch, p.t, p.hv, p.v),
+            (p.batch, p.t, p.hv),
+            (p.batch, p.t, p.hv),
+            (p.hv,),
+            (p.hv,),
+            (p.batch * p.hv, p.k, p.v),
+            (p.batch,),
+        )
 
     def output_shape(self, problem) -> tuple[int, ...]:
         p = GdnProblem(*problem)

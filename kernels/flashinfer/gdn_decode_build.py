@@ -38,9 +38,11 @@ def _int32_vector():
 
 def compile(key: GdnDecodeKey, arch: str):
     state = make_fake_tensor(
-        DSL_TYPES[key.state_dtype], (cute.sym_int(), key.k, key.v), stride=(key.k * key.v, key.v, 1),
+        DSL_TYPES[key.state_dtype],
+        (cute.sym_int(), key.k, key.v),
+        stride=(key.k * key.v, key.v, 1),
         assumed_align=16,
-    )  # fmt: skip
+    )
     launcher = (
         flashinfer_gdn.run_gdn_decode_kernel_small_batch_nontranspose
         if key.small_batch

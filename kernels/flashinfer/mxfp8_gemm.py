@@ -64,9 +64,15 @@ MIN_N = MIN_K = 128  # _check_mm_mxfp8_problem_size
 # FlashInfer's cache key, by the names its runner gives the fields: the patch refuses a
 # FlashInfer whose key differs (check_flashinfer).
 FLASHINFER_KEY = (
-    "sf_vec_size", "mma_tiler_mn", "cluster_shape_mn", "swap_ab", "use_prefetch", "enable_pdl",
-    "out_dtype", "split_k_slices",
-)  # fmt: skip
+    "sf_vec_size",
+    "mma_tiler_mn",
+    "cluster_shape_mn",
+    "swap_ab",
+    "use_prefetch",
+    "enable_pdl",
+    "out_dtype",
+    "split_k_slices",
+)
 CACHE_MODULE = "flashinfer.gemm.gemm_base"
 CACHE_DICT = "_CUTE_DSL_MM_MXFP8_KERNEL_CACHE"
 RUNNER_FACTORY = "_cute_dsl_gemm_mxfp8_runner"
@@ -156,9 +162,18 @@ def key_from_flashinfer(cache_key: tuple, max_active_clusters: int) -> Mxfp8Gemm
         )
     sf_vec, (tile_m, tile_n), (cluster_m, cluster_n), swap, prefetch, pdl, out, split = cache_key
     return Mxfp8GemmKey(
-        int(sf_vec), int(tile_m), int(tile_n), int(cluster_m), int(cluster_n), bool(swap),
-        bool(prefetch), bool(pdl), dtype_name(out), int(split), int(max_active_clusters),
-    )  # fmt: skip
+        int(sf_vec),
+        int(tile_m),
+        int(tile_n),
+        int(cluster_m),
+        int(cluster_n),
+        bool(swap),
+        bool(prefetch),
+        bool(pdl),
+        dtype_name(out),
+        int(split),
+        int(max_active_clusters),
+    )
 
 
 def flashinfer_key(key: Mxfp8GemmKey) -> tuple:
@@ -166,9 +181,15 @@ def flashinfer_key(key: Mxfp8GemmKey) -> tuple:
     from cute_aot.kernels.flashinfer import torch_dtype
 
     return (
-        key.sf_vec_size, (key.tile_m, key.tile_n), (key.cluster_m, key.cluster_n), key.swap_ab,
-        key.use_prefetch, key.enable_pdl, torch_dtype(key.out_dtype), key.split_k_slices,
-    )  # fmt: skip
+        key.sf_vec_size,
+        (key.tile_m, key.tile_n),
+        (key.cluster_m, key.cluster_n),
+        key.swap_ab,
+        key.use_prefetch,
+        key.enable_pdl,
+        torch_dtype(key.out_dtype),
+        key.split_k_slices,
+    )
 
 
 def launch_cluster_size(cache_key: tuple) -> int:
@@ -232,10 +253,18 @@ def tactic_key(tactic: Sequence, out_dtype: str, gpu: GpuProfile) -> Mxfp8GemmKe
     use_prefetch, split_k_slices) on a GPU of profile `gpu`."""
     (tile_m, tile_n), (cluster_m, cluster_n), swap, prefetch, split = tactic
     return Mxfp8GemmKey(
-        SF_VEC_SIZE, int(tile_m), int(tile_n), int(cluster_m), int(cluster_n), bool(swap),
-        bool(prefetch), ENABLE_PDL, out_dtype, int(split),
+        SF_VEC_SIZE,
+        int(tile_m),
+        int(tile_n),
+        int(cluster_m),
+        int(cluster_n),
+        bool(swap),
+        bool(prefetch),
+        ENABLE_PDL,
+        out_dtype,
+        int(split),
         gpu.clusters(int(cluster_m) * int(cluster_n) * int(split)),
-    )  # fmt: skip
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -302,9 +331,20 @@ def runner_tactics(m: int, n: int, k: int, out_dtype: str, sm_count: int) -> lis
                 for swap in (False, True):
                     kernel_m, kernel_n = (n, m) if swap else (m, n)
                     if not DenseKernel.can_implement(
-                        ab, sf, SF_VEC_SIZE, c, tile, cluster, kernel_m, kernel_n, k, 1, "k",
-                        "k", "m" if swap else "n",
-                    ):  # fmt: skip
+                        ab,
+                        sf,
+                        SF_VEC_SIZE,
+                        c,
+                        tile,
+                        cluster,
+                        kernel_m,
+                        kernel_n,
+                        k,
+                        1,
+                        "k",
+                        "k",
+                        "m" if swap else "n",
+                    ):
                         continue
                     for prefetch in (False, True):
                         if prefetch:
@@ -471,7 +511,7 @@ class Mxfp8GemmFamily(KernelFamily):
             2,
             "(M, N) row-major, or its (N, M) transpose when swap_ab",
             output=True,
-        ),  # fmt: skip
+        ),
         ValueArg("sf_m", "int64"),
         ValueArg("sf_n", "int64"),
         ValueArg("sf_k", "int64"),
@@ -482,8 +522,14 @@ class Mxfp8GemmFamily(KernelFamily):
     builder = "cute_aot.kernels.flashinfer.mxfp8_gemm_build"
     # (N, K) weights: DeepSeek-V3 (q_a+kv_a fused, q_b, o_proj), Llama-3.1-8B (qkv, k/v
     # projection, o_proj). Keys do not depend on N and K except through the warp split-K rule.
-    default_shapes = ((2112, 7168), (24576, 1536), (7168, 16384), (6144, 4096), (1024, 4096),
-                      (4096, 4096))  # fmt: skip
+    default_shapes = (
+        (2112, 7168),
+        (24576, 1536),
+        (7168, 16384),
+        (6144, 4096),
+        (1024, 4096),
+        (4096, 4096),
+    )
     shape_syntax = "N,K"
 
     # -- problems ---------------------------------------------------------------------------------
@@ -540,8 +586,12 @@ class Mxfp8GemmFamily(KernelFamily):
             return []
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or hidden // heads)
-        shapes = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim),
-                  (2 * inter, hidden), (hidden, inter)]  # fmt: skip
+        shapes = [
+            ((heads + 2 * kv_heads) * head_dim, hidden),
+            (hidden, heads * head_dim),
+            (2 * inter, hidden),
+            (hidden, inter),
+        ]
         return [s for s in dict.fromkeys(shapes) if s[0] >= MIN_N and s[1] >= MIN_K]
 
     def input_shapes(self, problem) -> tuple[tuple[int, ...], ...]:

@@ -51,29 +51,63 @@ PATCHED_FUNCTION = "run_tgv_cute_ext"
 # FlashInfer's compile-cache key, in order (the parameters of CACHE_FUNCTION and the positions of
 # the tuple it caches under), and the field of ours holding each.
 FLASHINFER_KEY = (
-    "dtype", "cta_m", "cta_n", "cta_k", "num_ab_stage", "use_2cta", "use_pdl", "has_bias",
-    "a_leading", "b_leading", "c_leading", "arch",
-)  # fmt: skip
+    "dtype",
+    "cta_m",
+    "cta_n",
+    "cta_k",
+    "num_ab_stage",
+    "use_2cta",
+    "use_pdl",
+    "has_bias",
+    "a_leading",
+    "b_leading",
+    "c_leading",
+    "arch",
+)
 OUR_FIELD = {name: name for name in FLASHINFER_KEY} | {"arch": "smem_arch"}
 RUN_PARAMETERS = ("a", "b", "bias", "out", "pdl", "tactic")
 # FlashInfer's helpers the replacement calls, so that its rules cannot drift from FlashInfer's.
 HELPERS = (
-    "_resolve_tactic", "_detect_leading_dim", "_TGV_CUTE_EXT_CTA_K",
-    "_TGV_CUTE_EXT_FIRST_SM107_TACTIC", "_TGV_CUTE_EXT_TACTIC_CONFIGS",
-)  # fmt: skip
+    "_resolve_tactic",
+    "_detect_leading_dim",
+    "_TGV_CUTE_EXT_CTA_K",
+    "_TGV_CUTE_EXT_FIRST_SM107_TACTIC",
+    "_TGV_CUTE_EXT_TACTIC_CONFIGS",
+)
 
 # FlashInfer's `_TGV_CUTE_EXT_TACTIC_CONFIGS[:29]` (cta_m, cta_n, num_ab_stage, use_2cta), the
 # tactics sized for the SM100/SM103 shared memory; ids 29-46 need SM107's. A test compares them.
 TACTICS = (
-    (64, 8, 6, False), (64, 8, 8, False), (64, 8, 10, False), (64, 8, 12, False),
-    (64, 16, 6, False), (64, 16, 8, False), (64, 16, 11, False), (64, 32, 6, False),
-    (64, 32, 9, False), (64, 64, 7, False), (64, 128, 4, False), (128, 8, 6, False),
-    (128, 16, 6, False), (128, 32, 5, False), (128, 64, 4, False), (128, 128, 3, False),
-    (64, 16, 6, True), (64, 16, 8, True), (64, 16, 12, True), (64, 32, 6, True),
-    (64, 32, 8, True), (64, 32, 11, True), (64, 64, 6, True), (64, 64, 9, True),
-    (64, 128, 7, True), (128, 16, 6, True), (128, 32, 6, True), (128, 64, 5, True),
+    (64, 8, 6, False),
+    (64, 8, 8, False),
+    (64, 8, 10, False),
+    (64, 8, 12, False),
+    (64, 16, 6, False),
+    (64, 16, 8, False),
+    (64, 16, 11, False),
+    (64, 32, 6, False),
+    (64, 32, 9, False),
+    (64, 64, 7, False),
+    (64, 128, 4, False),
+    (128, 8, 6, False),
+    (128, 16, 6, False),
+    (128, 32, 5, False),
+    (128, 64, 4, False),
+    (128, 128, 3, False),
+    (64, 16, 6, True),
+    (64, 16, 8, True),
+    (64, 16, 12, True),
+    (64, 32, 6, True),
+    (64, 32, 8, True),
+    (64, 32, 11, True),
+    (64, 64, 6, True),
+    (64, 64, 9, True),
+    (64, 128, 7, True),
+    (128, 16, 6, True),
+    (128, 32, 6, True),
+    (128, 64, 5, True),
     (128, 128, 4, True),
-)  # fmt: skip
+)
 TACTIC_OF = {config: tactic for tactic, config in enumerate(TACTICS)}
 DEFAULT_TACTIC = 1  # FlashInfer's _TGV_CUTE_EXT_DEFAULT_TACTIC
 CTA_K = 128
@@ -176,8 +210,18 @@ def _dispatch(problem: TgvProblem, arch: str) -> Dispatch:
     tactic = DEFAULT_TACTIC if problem.tactic < 0 else problem.tactic
     cta_m, cta_n, stages, use_2cta = TACTICS[tactic]
     pdl = bool(problem.pdl)  # None: FlashInfer's untuned runner (auto_pdl=False)
-    key = TgvGemmKey(problem.dtype, cta_m, cta_n, CTA_K, stages, use_2cta, pdl,
-                     bool(problem.has_bias), *problem.layout, SMEM_ARCH)  # fmt: skip
+    key = TgvGemmKey(
+        problem.dtype,
+        cta_m,
+        cta_n,
+        CTA_K,
+        stages,
+        use_2cta,
+        pdl,
+        bool(problem.has_bias),
+        *problem.layout,
+        SMEM_ARCH,
+    )
     if problem.tactic < 0:
         chose = f"untuned: FlashInfer's default tactic {tactic}"
     else:
@@ -271,11 +315,26 @@ def serving_run(original, serving, module):
         if arch is None or dtype_name(a.dtype) not in DTYPES:
             return None  # a GPU or dtype we build nothing for: FlashInfer's business
         cta_m, cta_n, stages, use_2cta = resolve_tactic(tactic)
-        key = TgvGemmKey(dtype_name(a.dtype), cta_m, cta_n, cta_k, stages, bool(use_2cta),
-                         bool(pdl), bias is not None, *layout, SMEM_ARCH)  # fmt: skip
-        details = {"M": out.shape[-2], "N": out.shape[-1], "K": a.shape[-1],
-                   "batch": a.shape[0] if a.dim() == 3 else None, "tactic": tactic,
-                   "tactic_config": key.describe()}  # fmt: skip
+        key = TgvGemmKey(
+            dtype_name(a.dtype),
+            cta_m,
+            cta_n,
+            cta_k,
+            stages,
+            bool(use_2cta),
+            bool(pdl),
+            bias is not None,
+            *layout,
+            SMEM_ARCH,
+        )
+        details = {
+            "M": out.shape[-2],
+            "N": out.shape[-1],
+            "K": a.shape[-1],
+            "batch": a.shape[0] if a.dim() == 3 else None,
+            "tactic": tactic,
+            "tactic_config": key.describe(),
+        }
         return serving.function(key, arch, details)
 
     def _arch_of(device):
@@ -353,13 +412,13 @@ class TgvGemmFamily(KernelFamily):
         _tensor("b", "activation view a.T [L, K, M]; stride 1 at dimension key b_leading"),
         _tensor(
             "c", "output view out.T [L, N, M]; stride 1 at dimension key c_leading", output=True
-        ),  # fmt: skip
+        ),
         _tensor(
             "bias",
             "bias.as_strided([L, N, M], (0, 1, 0)); passed only where key has_bias",
             align=2,
             optional=True,
-        ),  # fmt: skip
+        ),
     )
     builder = "cute_aot.kernels.flashinfer.tgv_gemm_build"
     default_shapes = DEFAULT_SHAPES

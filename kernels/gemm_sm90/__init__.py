@@ -10,7 +10,8 @@ an H200, shipped in tables.json (a shape with no row of its own takes: up to M =
 tuned shape's row; up to 511 the tuned tactic with the least measured cost scaled to its waves
 and k-tiles; from 512 the wave model's persistent tile), else the hand-written rule (TACTICS
 below: swap-AB with K split for decode-sized M, 128 x 128 split until ~72 CTAs for mid M,
-128 x 256 multicast tiles for large M, narrower where they would leave SMs idle). Bundles record the table they were built with.
+128 x 256 multicast tiles for large M, narrower where they would leave SMs idle). Bundles record
+the table they were built with.
 
 A tactic is the kernel's compile-time choice (kernel.py): tile and cluster shape, raster group,
 swap-AB, split-K, persistent grid, fp8 promotion; each is a field of the key.
@@ -113,13 +114,31 @@ class Tactic(NamedTuple):
 
 # The tactic table (data; the dispatch rule reads it top to bottom, first match wins).
 TACTICS: tuple[Tactic, ...] = (
-    Tactic(64, 128, 0, 1, 1, True, 0, "decode-sized M: swap-AB, 128 weight rows x M tokens per "
-           "tile, K split until the wave is full"),
-    Tactic(256, 128, 128, 1, 1, False, 0, "mid M: two consumer warpgroups, 128x128, K split "
-           "until the wave is full"),
-    Tactic(0, 128, 256, 2, 1, False, 1, "large M: 128x256 tiles, w tile multicast to a 2x1 "
-           "cluster"),
-)  # fmt: skip
+    Tactic(
+        64,
+        128,
+        0,
+        1,
+        1,
+        True,
+        0,
+        "decode-sized M: swap-AB, 128 weight rows x M tokens per "
+        "tile, K split until the wave is full",
+    ),
+    Tactic(
+        256,
+        128,
+        128,
+        1,
+        1,
+        False,
+        0,
+        "mid M: two consumer warpgroups, 128x128, K split until the wave is full",
+    ),
+    Tactic(
+        0, 128, 256, 2, 1, False, 1, "large M: 128x256 tiles, w tile multicast to a 2x1 cluster"
+    ),
+)
 # Below this N a 128x256 tile leaves too few CTAs; large M then keeps 128x128 (cluster 2x1).
 WIDE_TILE_MIN_N = 2048
 PDL = True
@@ -142,7 +161,8 @@ def accumulator_budget(tile_m: int, pingpong: bool = False) -> int:
 def can_promote(tile_m: int, tile_n: int, pingpong: bool = False) -> bool:
     """fp8 promotion holds a second accumulator set: it must fit in the registers."""
     return 2 * accumulators_per_thread(tile_m, tile_n, pingpong) <= accumulator_budget(
-        tile_m, pingpong)  # fmt: skip
+        tile_m, pingpong
+    )
 
 
 def swap_tile_n(m: int) -> int:
@@ -168,9 +188,10 @@ def auto_split(tiles: int, k_tiles: int) -> int:
     """The most K splits that keep the CTAs within SPLIT_MAX_CTAS and give every split
     MIN_K_TILES_PER_SPLIT k-tiles."""
     return next(
-        s for s in reversed(SPLITS)
+        s
+        for s in reversed(SPLITS)
         if s == 1 or (tiles * s <= SPLIT_MAX_CTAS and split_fits(s, k_tiles))
-    )  # fmt: skip
+    )
 
 
 def stores_by_tma(tile_n: int, persistent: bool, swap_ab: bool) -> bool:
@@ -198,7 +219,11 @@ def epilogue_bytes(
 
 
 def stages_for(
-    dtype: str, tile_m: int, tile_n: int, persistent: bool = False, pingpong: bool = False,
+    dtype: str,
+    tile_m: int,
+    tile_n: int,
+    persistent: bool = False,
+    pingpong: bool = False,
     swap_ab: bool = False,
 ) -> int:
     """As many pipeline stages as shared memory holds, at most MAX_STAGES, beside a
@@ -213,8 +238,14 @@ def stages_for(
 
 def _stages(dtype: str, tactic: dict) -> int:
     """stages_for a dispatch rule's tactic fields."""
-    return stages_for(dtype, tactic["tile_m"], tactic["tile_n"], tactic["persistent"],
-                      tactic["pingpong"], tactic["swap_ab"])
+    return stages_for(
+        dtype,
+        tactic["tile_m"],
+        tactic["tile_n"],
+        tactic["persistent"],
+        tactic["pingpong"],
+        tactic["swap_ab"],
+    )
 
 
 @dataclass(frozen=True)
@@ -245,7 +276,8 @@ class GemmSm90Key(KernelKey):
     def describe(self) -> str:
         return (
             f"{self.dtype} tile {self.tile_m}x{self.tile_n} cluster {self.cluster_m}x"
-            f"{self.cluster_n} stages={self.stages} raster={self.raster_m} bias={int(self.has_bias)}"
+            f"{self.cluster_n} stages={self.stages} raster={self.raster_m} "
+            f"bias={int(self.has_bias)}"
             f" pdl={int(self.pdl)}{'' if self.aligned_n else ' any-N'}"
             f"{' swap-AB' if self.swap_ab else ''}"
             f"{f' split-K {self.split_k}' if self.split_k > 1 else ''}"
@@ -299,8 +331,9 @@ def tactic_refusal(key: GemmSm90Key) -> str | None:
         return "a persistent grid walks whole tiles: split_k must be 1"
     if key.pingpong and (not key.persistent or key.swap_ab or not key.aligned_n):
         return "ping-pong walks whole tiles of a persistent grid (no swap-AB, N % 8 == 0)"
-    if key.stages != stages_for(key.dtype, key.tile_m, key.tile_n, key.persistent, key.pingpong,
-                                key.swap_ab):
+    if key.stages != stages_for(
+        key.dtype, key.tile_m, key.tile_n, key.persistent, key.pingpong, key.swap_ab
+    ):
         return "stages must fill shared memory (stages_for)"
     return None
 
@@ -371,8 +404,16 @@ WAVE_TILE_COST = {(128, 256): 23.8, (128, 128): 24.0, (64, 256): 30.0, (64, 128)
 # re-tuned with them at M 512..8192 (aot-tune, H200, bf16), scaled by 128 x 256's cost there.
 # Dearer per element, they win where their tile count lands on whole waves (N = 4608, M = 512:
 # 128 tiles of 128 x 144 in one wave, against 72 of 128 x 256 doing 1.8x the work per SM).
-FILL_WAVE_TILE_COST = {(128, 192): 24.5, (128, 144): 25.9, (128, 160): 26.3, (128, 112): 28.5,
-                       (128, 96): 30.4, (64, 192): 30.4, (64, 160): 32.6, (64, 144): 33.0}  # fmt: skip
+FILL_WAVE_TILE_COST = {
+    (128, 192): 24.5,
+    (128, 144): 25.9,
+    (128, 160): 26.3,
+    (128, 112): 28.5,
+    (128, 96): 30.4,
+    (64, 192): 30.4,
+    (64, 160): 32.6,
+    (64, 144): 33.0,
+}
 # Split 128-row tiles (1x1xS cluster, reduced in distributed shared memory), by (tile_m, tile_n,
 # split), in the same unit for the whole K; the wave model scales them by the share of K (and
 # fill) a split CTA streams. Medians over the four held-out shapes at M 512..2048 (aot-tune,
@@ -382,13 +423,24 @@ FILL_WAVE_TILE_COST = {(128, 192): 24.5, (128, 144): 25.9, (128, 160): 26.3, (12
 # shape (with bf16's costs, fp8 512 x 1024 x 4096 took split-K 2 and ran 0.92x the unsplit
 # tile's speed).
 SPLIT_WAVE_TILE_COST = {
-    BF16_DTYPE: {(128, 256, 2): 27.4, (128, 192, 2): 29.6, (128, 160, 2): 31.4,
-                 (128, 144, 2): 33.0, (128, 128, 2): 35.0, (128, 112, 2): 36.7,
-                 (128, 96, 2): 40.9, (128, 80, 2): 43.2,
-                 (128, 256, 4): 36.3, (128, 192, 4): 41.2, (128, 160, 4): 41.3,
-                 (128, 144, 4): 47.9, (128, 112, 4): 47.3, (128, 96, 4): 52.5,
-                 (128, 80, 4): 56.7},
-}  # fmt: skip
+    BF16_DTYPE: {
+        (128, 256, 2): 27.4,
+        (128, 192, 2): 29.6,
+        (128, 160, 2): 31.4,
+        (128, 144, 2): 33.0,
+        (128, 128, 2): 35.0,
+        (128, 112, 2): 36.7,
+        (128, 96, 2): 40.9,
+        (128, 80, 2): 43.2,
+        (128, 256, 4): 36.3,
+        (128, 192, 4): 41.2,
+        (128, 160, 4): 41.3,
+        (128, 144, 4): 47.9,
+        (128, 112, 4): 47.3,
+        (128, 96, 4): 52.5,
+        (128, 80, 4): 56.7,
+    },
+}
 WAVE_MODEL_MIN_M = 512  # below its bucket the tuned rows' measured costs decide (_row_cost_row)
 # Up to this many k-tiles a persistent 128-row tile runs as ping-pong 128 x 128: its epilogue
 # then hides under the other warpgroup's main loop. Against the cooperative persistent tiles
@@ -411,8 +463,11 @@ def wave_model_tactic(
     tiles = [(tile, True, 1) for tile in WAVE_TILE_COST]
     tiles += [(tile, False, 1) for tile in FILL_WAVE_TILE_COST]
     split_costs = SPLIT_WAVE_TILE_COST.get(dtype, {})
-    tiles += [((tile_m, tile_n), False, split) for tile_m, tile_n, split in split_costs
-              if split_fits(split, k_tiles, BORROWED_MIN_K_TILES_PER_SPLIT)]  # fmt: skip
+    tiles += [
+        ((tile_m, tile_n), False, split)
+        for tile_m, tile_n, split in split_costs
+        if split_fits(split, k_tiles, BORROWED_MIN_K_TILES_PER_SPLIT)
+    ]
     if promoted:
         tiles = [choice for choice in tiles if can_promote(*choice[0])]
 
@@ -430,9 +485,16 @@ def wave_model_tactic(
     (tile_m, tile_n), walks, split = min(tiles, key=cost)
     pingpong = walks and tile_m == 128 and not promoted and 0 < k_tiles <= PINGPONG_MAX_K_TILES
     tile_n = 128 if pingpong else tile_n
-    tactic = {"tile_m": tile_m, "tile_n": tile_n, "cluster_m": 2 if walks and m > tile_m else 1,
-              "cluster_n": 1, "swap_ab": False, "split_k": split, "persistent": walks,
-              "pingpong": pingpong}  # fmt: skip
+    tactic = {
+        "tile_m": tile_m,
+        "tile_n": tile_n,
+        "cluster_m": 2 if walks and m > tile_m else 1,
+        "cluster_n": 1,
+        "swap_ab": False,
+        "split_k": split,
+        "persistent": walks,
+        "pingpong": pingpong,
+    }
     count = tiles_of(tactic, m, n)
     kind = "persistent tiles" if walks else "tiles (fill width)" if split == 1 else "tiles"
     why = f"wave model: {count} {kind} of {tile_m}x{tile_n}"
@@ -455,8 +517,10 @@ def _nearest_row(data: dict, m: int, n: int, k: int) -> dict | None:
     rows = [row for row in data.get("shape_rows", ()) if _holds(row, m)]
     if not rows:
         return None
-    return min(rows, key=lambda r: (abs(math.log(n / r["n"])) + 0.5 * abs(math.log(k / r["k"])),
-                                    r["n"], r["k"]))  # fmt: skip
+    return min(
+        rows,
+        key=lambda r: (abs(math.log(n / r["n"])) + 0.5 * abs(math.log(k / r["k"])), r["n"], r["k"]),
+    )
 
 
 def _waves(tactic: dict, m: int, n: int) -> int:
@@ -493,15 +557,31 @@ def _row_cost_row(data: dict, m: int, n: int, k: int, dtype: str) -> dict | None
         rows.setdefault(name, row)
     if not per_unit:
         return None
-    best = min(per_unit, key=lambda name: statistics.median(per_unit[name])
-               * _work(dict(name[:-1]), m, n, k, dtype))  # fmt: skip
+    best = min(
+        per_unit,
+        key=lambda name: statistics.median(per_unit[name]) * _work(dict(name[:-1]), m, n, k, dtype),
+    )
     return rows[best]
 
 
-TACTIC_FIELDS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "swap_ab", "split_k", "promote",
-                 "persistent", "pingpong")  # fmt: skip
-TACTIC_DEFAULTS = {"swap_ab": False, "split_k": 1, "promote": False, "persistent": False,
-                   "pingpong": False}  # fmt: skip
+TACTIC_FIELDS = (
+    "tile_m",
+    "tile_n",
+    "cluster_m",
+    "cluster_n",
+    "swap_ab",
+    "split_k",
+    "promote",
+    "persistent",
+    "pingpong",
+)
+TACTIC_DEFAULTS = {
+    "swap_ab": False,
+    "split_k": 1,
+    "promote": False,
+    "persistent": False,
+    "pingpong": False,
+}
 
 
 def _row_tactic(row: dict) -> dict:
@@ -524,8 +604,11 @@ def fast_accumulation_row(data: dict, m: int, k: int) -> dict | None:
     """A tuned row at this M (bucket) whose fp8 tactic accumulates fast at a K at least this
     long: aot-tune checked it against the fp32 reference there, and fast accumulation's error
     only grows with K (Hopper keeps ~14 bits of its fp8 sums). None: no such measurement."""
-    checked = [row for row in data.get("shape_rows", ())
-               if _holds(row, m) and row["k"] >= k and not row.get("promote", False)]  # fmt: skip
+    checked = [
+        row
+        for row in data.get("shape_rows", ())
+        if _holds(row, m) and row["k"] >= k and not row.get("promote", False)
+    ]
     return max(checked, key=lambda row: (row["k"], row["n"]), default=None)
 
 
@@ -590,15 +673,27 @@ def choose(m: int, n: int, k: int, dtype: str, table: Table) -> tuple[dict, int,
             which = f"nearest tuned shape N={row['n']} K={row['k']}" if row else ""
         else:
             row = _row_cost_row(data, m, n, k, dtype)
-            which = f"least measured cost of the tuned rows (won at N={row['n']} K={row['k']})" if row else ""
+            which = (
+                f"least measured cost of the tuned rows (won at N={row['n']} K={row['k']})"
+                if row
+                else ""
+            )
             fewest = BORROWED_MIN_K_TILES_PER_SPLIT
         if row is not None:
             return _from_row(row, data, m, n, k, dtype, f"{which} for N={n} K={k}", fewest)
     return _from_rule(m, n, k, dtype, data)
 
 
-def _from_row(row: dict, data: dict, m: int, n: int, k: int, dtype: str, which: str,
-              fewest: int = MIN_K_TILES_PER_SPLIT):  # fmt: skip
+def _from_row(
+    row: dict,
+    data: dict,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    which: str,
+    fewest: int = MIN_K_TILES_PER_SPLIT,
+):
     low, high = row["m"]
     bound = f"M in [{low}, {high if high is not None else 'inf'}]"
     why = f"{which} {bound}: {row.get('why', '')}".rstrip(": ")
@@ -641,8 +736,10 @@ def _from_rule(m: int, n: int, k: int, dtype: str, data: dict):
     elif tactic["tile_n"] > 128 and n < data["wide_tile_min_n"]:
         tactic["tile_n"] = 128
         why += f"; N={n} < {data['wide_tile_min_n']} narrows tile_n to 128"
-    notes = [_accumulate_fp8(tactic, data, m, n, k, dtype),
-             _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0)]
+    notes = [
+        _accumulate_fp8(tactic, data, m, n, k, dtype),
+        _fit(tactic, m, n, k, dtype, n % OUT_VECTOR == 0),
+    ]
     why += "".join(f"; {note}" for note in notes if note)
     stages = _stages(dtype, tactic)
     return tactic, stages, data["raster_m"], why
@@ -661,17 +758,31 @@ def dispatch_problem(
     aligned_n = n % OUT_VECTOR == 0
     key_class = GemmSm90Fp8Key if family == FP8_FAMILY else GemmSm90Key
     key = key_class(
-        dtype, bool(has_bias), tactic["tile_m"], tactic["tile_n"], tactic["cluster_m"],
-        tactic["cluster_n"], stages, PDL, raster_m, aligned_n, bool(tactic["swap_ab"]),
-        int(tactic["split_k"]), bool(tactic["promote"]), bool(tactic["persistent"]),
+        dtype,
+        bool(has_bias),
+        tactic["tile_m"],
+        tactic["tile_n"],
+        tactic["cluster_m"],
+        tactic["cluster_n"],
+        stages,
+        PDL,
+        raster_m,
+        aligned_n,
+        bool(tactic["swap_ab"]),
+        int(tactic["split_k"]),
+        bool(tactic["promote"]),
+        bool(tactic["persistent"]),
         bool(tactic["pingpong"]),
-    )  # fmt: skip
+    )
     reason = (
         f"{why} -> {key.describe()}, tile_k {TILE_K[dtype]}; {stages} stages fill shared memory; "
-        + (f"N % {OUT_VECTOR} == 0: 16-byte stores through shared memory" if aligned_n
-           else f"N % {OUT_VECTOR} != 0: 2-byte stores")
+        + (
+            f"N % {OUT_VECTOR} == 0: 16-byte stores through shared memory"
+            if aligned_n
+            else f"N % {OUT_VECTOR} != 0: 2-byte stores"
+        )
         + f" [{table.describe()}]"
-    )  # fmt: skip
+    )
     return Dispatch(key, reason)
 
 
@@ -696,19 +807,27 @@ def tuned_table(
     for problem, key, timings in sorted(winners, key=lambda w: (w[0].n, w[0].k, w[0].m)):
         ranked = sorted(timings.items(), key=lambda item: item[1])
         runner_up = ranked[1] if len(ranked) > 1 else None
-        rows.append({
-            "n": problem.n, "k": problem.k, "m": _bucket_range(problem.m),
-            **{f: getattr(key, f) for f in TACTIC_FIELDS}, "raster_m": key.raster_m,
-            "us": round(timings[key.id], 3),
-            "runner_up_us": round(runner_up[1], 3) if runner_up else None,
-            "why": f"fastest of {len(timings)} measured at M={problem.m}",
-        })  # fmt: skip
+        rows.append(
+            {
+                "n": problem.n,
+                "k": problem.k,
+                "m": _bucket_range(problem.m),
+                **{f: getattr(key, f) for f in TACTIC_FIELDS},
+                "raster_m": key.raster_m,
+                "us": round(timings[key.id], 3),
+                "runner_up_us": round(runner_up[1], 3) if runner_up else None,
+                "why": f"fastest of {len(timings)} measured at M={problem.m}",
+            }
+        )
     if base is not None:
         kept = [
-            old for old in base.data.get("shape_rows", ())
-            if not any((new["n"], new["k"]) == (old["n"], old["k"]) and _overlaps(new["m"], old["m"])
-                       for new in rows)
-        ]  # fmt: skip
+            old
+            for old in base.data.get("shape_rows", ())
+            if not any(
+                (new["n"], new["k"]) == (old["n"], old["k"]) and _overlaps(new["m"], old["m"])
+                for new in rows
+            )
+        ]
         rows = sorted(kept + rows, key=lambda r: (r["n"], r["k"], r["m"][0]))
         provenance = {**provenance, "kept_rows_from": base.provenance}
     data["shape_rows"] = rows
@@ -718,16 +837,32 @@ def tuned_table(
 # (N, K) of the dense layers the default bundles serve (fused QKV and gate-up as served).
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
     # Llama-3-8B: hidden 4096, 32 q / 8 kv heads of 128, intermediate 14336
-    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+    (6144, 4096),
+    (4096, 4096),
+    (28672, 4096),
+    (4096, 14336),
     # Llama-3-70B: hidden 8192, 64 q / 8 kv heads of 128, intermediate 28672
-    (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),
+    (10240, 8192),
+    (8192, 8192),
+    (57344, 8192),
+    (8192, 28672),
     # Qwen3-32B: hidden 5120, 64 q / 8 kv heads of 128, intermediate 25600
-    (10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600),
+    (10240, 5120),
+    (5120, 8192),
+    (51200, 5120),
+    (5120, 25600),
     # DeepSeek-V3 dense MLP (first 3 layers): hidden 7168, intermediate 18432; shared expert
     # (intermediate 2048); MLA projections (q_lora 1536, kv_lora 512, 128 heads of 128 + 64 rope)
-    (36864, 7168), (7168, 18432), (4096, 7168), (7168, 2048),
-    (1536, 7168), (24576, 1536), (576, 7168), (32768, 512), (7168, 16384),
-)  # fmt: skip
+    (36864, 7168),
+    (7168, 18432),
+    (4096, 7168),
+    (7168, 2048),
+    (1536, 7168),
+    (24576, 1536),
+    (576, 7168),
+    (32768, 512),
+    (7168, 16384),
+)
 
 
 def shapes_from_config(config: dict[str, Any], family: str) -> list[tuple[int, int]]:
@@ -855,9 +990,10 @@ class GemmSm90Family(KernelFamily):
             return True
 
         return [
-            key for key in self.tactic_space(arch, aligned=(aligned_n,))
+            key
+            for key in self.tactic_space(arch, aligned=(aligned_n,))
             if key.has_bias == problem.has_bias and wanted(key)
-        ]  # fmt: skip
+        ]
 
     def tuned_table(self, arch: str, winners: list, provenance: dict, base=None) -> Table:
         return tuned_table(self.name, arch, winners, provenance, base)
@@ -916,9 +1052,12 @@ class GemmSm90Family(KernelFamily):
             (tile_m, tile_n, cluster_m, cluster_n, raster_m, False, 1, False, False)
             for tile_m, tile_n in [(m, n) for m in (64, 128) for n in (64, 128, 256)] + wide_m
             for cluster_m, cluster_n in ((1, 1), (2, 1), (1, 2))
-            for raster_m in ((RASTER_M, 2 * RASTER_M, BLOCK_ORDER) if tile_m * tile_n >= 128 * 128
-                             else (RASTER_M,))
-        ]  # fmt: skip
+            for raster_m in (
+                (RASTER_M, 2 * RASTER_M, BLOCK_ORDER)
+                if tile_m * tile_n >= 128 * 128
+                else (RASTER_M,)
+            )
+        ]
         persistent = [
             (tile_m, tile_n, cluster_m, cluster_n, RASTER_M, False, 1, True, pingpong)
             for tile_m, tile_n in [(m, n) for m in (64, 128) for n in (128, 256)] + wide_m
@@ -931,20 +1070,24 @@ class GemmSm90Family(KernelFamily):
             for tile_n in FILL_TILE_N
             for cluster_m in (1, 2)
         ]
-        split = [
-            (tile_m, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
-            for tile_m in (64, 128)
-            for tile_n in (64, 128)
-            for split_k in SPLITS[1:]
-        ] + [
-            (128, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
-            for tile_n in SPLIT_WIDE_TILE_N
-            for split_k in SPLITS[1:3]
-        ] + [
-            (64, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
-            for tile_n in SPLIT_DECODE_TILE_N
-            for split_k in SPLITS[1:3]
-        ]
+        split = (
+            [
+                (tile_m, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
+                for tile_m in (64, 128)
+                for tile_n in (64, 128)
+                for split_k in SPLITS[1:]
+            ]
+            + [
+                (128, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
+                for tile_n in SPLIT_WIDE_TILE_N
+                for split_k in SPLITS[1:3]
+            ]
+            + [
+                (64, tile_n, 1, 1, RASTER_M, False, split_k, False, False)
+                for tile_n in SPLIT_DECODE_TILE_N
+                for split_k in SPLITS[1:3]
+            ]
+        )
         swapped = [
             (tile_m, tile_n, 1, 1, RASTER_M, True, split_k, False, False)
             for tile_m in (64, 128)
@@ -952,15 +1095,38 @@ class GemmSm90Family(KernelFamily):
             for split_k in SPLITS
         ]
         keys = [
-            self.Key(self.dtype, has_bias, tile_m, tile_n, cluster_m, cluster_n,
-                     stages_for(self.dtype, tile_m, tile_n, walks, pingpong, swap_ab), PDL,
-                     raster_m, aligned_n, swap_ab, split_k, promote, walks, pingpong)
-            for tile_m, tile_n, cluster_m, cluster_n, raster_m, swap_ab, split_k, walks, pingpong
-            in unsplit + filling + persistent + split + swapped
+            self.Key(
+                self.dtype,
+                has_bias,
+                tile_m,
+                tile_n,
+                cluster_m,
+                cluster_n,
+                stages_for(self.dtype, tile_m, tile_n, walks, pingpong, swap_ab),
+                PDL,
+                raster_m,
+                aligned_n,
+                swap_ab,
+                split_k,
+                promote,
+                walks,
+                pingpong,
+            )
+            for (
+                tile_m,
+                tile_n,
+                cluster_m,
+                cluster_n,
+                raster_m,
+                swap_ab,
+                split_k,
+                walks,
+                pingpong,
+            ) in unsplit + filling + persistent + split + swapped
             for promote in promotes
             for has_bias in (False, True)
             for aligned_n in aligned
-        ]  # fmt: skip
+        ]
         return [key for key in keys if tactic_refusal(key) is None]
 
     def output_shape(self, problem) -> tuple[int, int]:

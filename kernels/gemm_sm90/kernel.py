@@ -205,8 +205,10 @@ class HopperGemm:
         if persistent and split_k > 1:
             raise ValueError("HopperGemm: a persistent grid walks whole tiles: split_k must be 1")
         if pingpong and (not persistent or swap_ab or not aligned_n):
-            raise ValueError("HopperGemm: ping-pong walks whole tiles of a persistent grid "
-                             "(no swap-AB, N % 8 == 0)")
+            raise ValueError(
+                "HopperGemm: ping-pong walks whole tiles of a persistent grid "
+                "(no swap-AB, N % 8 == 0)"
+            )
         if (swap_ab or split_k > 1) and not aligned_n:
             raise ValueError("HopperGemm: swap_ab and split_k need N % 8 == 0 (aligned_n)")
         self.ab_dtype = ab_dtype
@@ -365,9 +367,11 @@ class HopperGemm:
         if cutlass.const_expr(self.tma_store):
             # Every owner's EPI_BUFFERS strips, swizzled as the TMA store reads them.
             epi_smem = sm90_utils.make_smem_layout_epi(
-                self.out_dtype, LayoutEnum.from_tensor(out), self.epi_tile,
+                self.out_dtype,
+                LayoutEnum.from_tensor(out),
+                self.epi_tile,
                 EPI_BUFFERS * self.tile_owners,
-            )  # fmt: skip
+            )
             c_type, c_size = self.out_dtype, cute.cosize(epi_smem)
             tma_out, tma_mout = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(),
@@ -381,7 +385,9 @@ class HopperGemm:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             # One slice per warpgroup owning tiles; next to the barriers, in front of the
             # 1024-aligned sA (BARRIER_RESERVE, plus 1 KiB for ping-pong's two slices).
-            sBias: cute.struct.Align[cute.struct.MemRange[BFloat16, self.bias_tile * self.tile_owners], 16]
+            sBias: cute.struct.Align[
+                cute.struct.MemRange[BFloat16, self.bias_tile * self.tile_owners], 16
+            ]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem)], 1024]
             # The persistent epilogue's buffer: raw bytes, or the TMA store's typed strips.
@@ -400,8 +406,20 @@ class HopperGemm:
             grid_m = cutlass.min(clusters, per_wave) * cluster_m
             grid_n = cluster_n
         self.kernel(
-            tma_a, tma_ma, tma_b, tma_mb, x_scale, w_scale, bias, out, tiled_mma, a_smem, b_smem,
-            tma_out, tma_mout, epi_smem,
+            tma_a,
+            tma_ma,
+            tma_b,
+            tma_mb,
+            x_scale,
+            w_scale,
+            bias,
+            out,
+            tiled_mma,
+            a_smem,
+            b_smem,
+            tma_out,
+            tma_mout,
+            epi_smem,
         ).launch(
             grid=[grid_m, grid_n, self.split_k],
             block=[self.threads, 1, 1],
@@ -486,8 +504,11 @@ class HopperGemm:
         """Start copying this tile's bias slice into sBias (16 bytes per thread, cp.async);
         _epilogue waits for it. N % 8 == 0, so a 16-byte piece is wholly inside N or past it
         (whose columns are never stored)."""
-        first = tile[0] * self.bias_tile if cutlass.const_expr(self.swap_ab) else (
-            tile[1] * self.bias_tile)  # fmt: skip
+        first = (
+            tile[0] * self.bias_tile
+            if cutlass.const_expr(self.swap_ab)
+            else (tile[1] * self.bias_tile)
+        )
         pieces = self.bias_tile // OUT_VECTOR
         if tidx < pieces and first + tidx * OUT_VECTOR < mBias.shape[0]:
             atom = cute.make_copy_atom(
@@ -609,8 +630,22 @@ class HopperGemm:
                 )
 
     @cute.jit
-    def _produce(self, tma_a, mA, tma_b, mB, sA, sB, main_pipe, cta_layout_mnk, cluster_coord,
-                 masks, walk, clusters, k_range):  # fmt: skip
+    def _produce(
+        self,
+        tma_a,
+        mA,
+        tma_b,
+        mB,
+        sA,
+        sB,
+        main_pipe,
+        cta_layout_mnk,
+        cluster_coord,
+        masks,
+        walk,
+        clusters,
+        k_range,
+    ):
         """The producer warp: for every tile this CTA walks, TMA-load its k-tiles of A and B
         into the pipeline's slots (multicast within the cluster where masks say so)."""
         first, end, step = walk
@@ -655,8 +690,25 @@ class HopperGemm:
         main_pipe.producer_tail(state)
 
     @cute.jit
-    def _consume(self, tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut,
-                 tidx, split, walk, clusters, k_tiles, owner, tma_epilogue):  # fmt: skip
+    def _consume(
+        self,
+        tiled_mma,
+        sA,
+        sB,
+        storage,
+        main_pipe,
+        mXScale,
+        mWScale,
+        mBias,
+        mOut,
+        tidx,
+        split,
+        walk,
+        clusters,
+        k_tiles,
+        owner,
+        tma_epilogue,
+    ):
         """The consumer warpgroups: for every tile this CTA walks, the wgmma main loop over the
         pipeline's slots into fp32 accumulators, then the epilogue. Ping-pong: warpgroup
         `owner` takes every other tile (the producer loads them all in walk order), its
@@ -701,8 +753,9 @@ class HopperGemm:
                 # Wait for the other warpgroup's main loop of the tile before this one: only
                 # then can this one's slots' phases not be mistaken for its.
                 if linear != first:
-                    cute.arch.barrier(barrier_id=MAIN_LOOP_TURN + owner,
-                                      number_of_threads=2 * WARPGROUP)  # fmt: skip
+                    cute.arch.barrier(
+                        barrier_id=MAIN_LOOP_TURN + owner, number_of_threads=2 * WARPGROUP
+                    )
             acc.fill(0.0)
             if cutlass.const_expr(self.promote):
                 # Each k-tile into a zeroed second set, then added in full fp32.
@@ -738,11 +791,21 @@ class HopperGemm:
             if cutlass.const_expr(self.pdl):
                 cute.arch.griddepcontrol_launch_dependents()
             if cutlass.const_expr(self.tma_store):
-                self._epilogue_tma(acc, scale, tiled_mma, sBias, tma_epilogue, tile, tidx, owner,
-                                   (linear - first) // tile_step)  # fmt: skip
+                self._epilogue_tma(
+                    acc,
+                    scale,
+                    tiled_mma,
+                    sBias,
+                    tma_epilogue,
+                    tile,
+                    tidx,
+                    owner,
+                    (linear - first) // tile_step,
+                )
             else:
-                self._epilogue(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx,
-                               split, owner)  # fmt: skip
+                self._epilogue(
+                    acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split, owner
+                )
         if cutlass.const_expr(self.tma_store):
             # The last strips' TMA stores must have read shared memory before the CTA exits.
             if cute.arch.make_warp_uniform(tidx // 32) == 0:
@@ -754,8 +817,9 @@ class HopperGemm:
         next tile (linear + step), may start its main loop."""
         if cutlass.const_expr(self.pingpong):
             if linear + step < end:
-                cute.arch.barrier_arrive(barrier_id=MAIN_LOOP_TURN + 1 - owner,
-                                         number_of_threads=2 * WARPGROUP)  # fmt: skip
+                cute.arch.barrier_arrive(
+                    barrier_id=MAIN_LOOP_TURN + 1 - owner, number_of_threads=2 * WARPGROUP
+                )
 
     @cute.jit
     def _mma_k_tile(self, tiled_mma, into, tCrA, tCrB, slot_index):
@@ -768,8 +832,7 @@ class HopperGemm:
         cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
-    def _epilogue(self, acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split,
-                  owner):  # fmt: skip
+    def _epilogue(self, acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split, owner):
         """(scale) + bias -> bf16 -> out, through shared memory when N % 8 == 0."""
         barrier = EPILOGUE_BARRIER + owner  # the tile's own consumers
         if cutlass.const_expr(self.aligned_n):
@@ -790,8 +853,9 @@ class HopperGemm:
             self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
 
     @cute.jit
-    def _epilogue_tma(self, acc, scale, tiled_mma, sBias, tma_epilogue, tile, tidx, owner,
-                      tiles_done):  # fmt: skip
+    def _epilogue_tma(
+        self, acc, scale, tiled_mma, sBias, tma_epilogue, tile, tidx, owner, tiles_done
+    ):
         """bf16(acc * scale + bias) -> out by TMA stores, one epi_tile strip at a time:
         stmatrix into one of this owner's EPI_BUFFERS buffers, fence (the TMA unit reads it
         through the async proxy), barrier, then one warp issues the store. A buffer is
@@ -841,8 +905,9 @@ class HopperGemm:
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
             if cute.arch.make_warp_uniform(tidx // 32) == 0:
-                cute.copy(tma_out, sStrips[(None, buffer)],
-                          gStrips[(None, (s // strips_n, s % strips_n))])  # fmt: skip
+                cute.copy(
+                    tma_out, sStrips[(None, buffer)], gStrips[(None, (s // strips_n, s % strips_n))]
+                )
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(EPI_BUFFERS - 1, read=True)
             cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
@@ -926,10 +991,20 @@ class HopperGemm:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == self.producer_warp:
                 self._produce(
-                    tma_a, mA, tma_b, mB, sA, sB, main_pipe, cta_layout_mnk, cluster_coord,
-                    (a_mask, b_mask), (first, end, step), (clusters_m, clusters_n),
+                    tma_a,
+                    mA,
+                    tma_b,
+                    mB,
+                    sA,
+                    sB,
+                    main_pipe,
+                    cta_layout_mnk,
+                    cluster_coord,
+                    (a_mask, b_mask),
+                    (first, end, step),
+                    (clusters_m, clusters_n),
                     (k_begin, k_tiles),
-                )  # fmt: skip
+                )
             if cutlass.const_expr(self.split_k > 1):
                 # The consumers' "partials staged" cluster barrier counts every thread.
                 cute.arch.cluster_arrive()
@@ -940,10 +1015,23 @@ class HopperGemm:
             if cutlass.const_expr(self.pingpong):
                 owner = warp // 4
             self._consume(
-                tiled_mma, sA, sB, storage, main_pipe, mXScale, mWScale, mBias, mOut,
-                tidx % self.tile_threads if self.pingpong else tidx, split, (first, end, step), (clusters_m, clusters_n),
-                k_tiles, owner, (tma_out, mOutTma, sEpi),
-            )  # fmt: skip
+                tiled_mma,
+                sA,
+                sB,
+                storage,
+                main_pipe,
+                mXScale,
+                mWScale,
+                mBias,
+                mOut,
+                tidx % self.tile_threads if self.pingpong else tidx,
+                split,
+                (first, end, step),
+                (clusters_m, clusters_n),
+                k_tiles,
+                owner,
+                (tma_out, mOutTma, sEpi),
+            )
 
         # Peers multicast into, or read the partial in, this CTA's shared memory: stay resident
         # until they are done.

@@ -71,8 +71,12 @@ class RecordedCallKey(KernelKey):
         """The call's id, and the hardware answers its trace used where it asked any."""
         if not self.hardware:
             return self.call_id
-        identity = {"family": FAMILY, "call": self.call, "version": self.version,
-                    "hardware": self.hardware}  # fmt: skip
+        identity = {
+            "family": FAMILY,
+            "call": self.call,
+            "version": self.version,
+            "hardware": self.hardware,
+        }
         return hashlib.sha256(canonical(identity).encode()).hexdigest()[:20]
 
     @functools.cached_property
@@ -152,8 +156,11 @@ def read_records(source) -> list[tuple[str, dict]]:
     lines of other formats are skipped."""
     from cute_aot.artifacts.miss_log import read_objects
 
-    return [(where, record) for where, record in read_objects(source, "record")
-            if record.get("format") == RECORD_FORMAT and record.get("family") == FAMILY]  # fmt: skip
+    return [
+        (where, record)
+        for where, record in read_objects(source, "record")
+        if record.get("format") == RECORD_FORMAT and record.get("family") == FAMILY
+    ]
 
 
 def hardware_answers(key: RecordedCallKey) -> str:

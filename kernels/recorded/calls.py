@@ -33,11 +33,26 @@ from cute_aot.artifacts.bundle import sha256_file
 from cute_aot.kernels.recorded import RecordedCallKey, asks_tvm_ffi, canonical
 
 # Options that say where files go, or which architecture: never part of the identity.
-HOST_OPTIONS = frozenset({"GPUArch", "KeepCUBIN", "KeepPTX", "KeepSASS", "DumpDir",
-                          "FlattenLocsOutputJsonPath", "RemarkOutput"})  # fmt: skip
+HOST_OPTIONS = frozenset(
+    {
+        "GPUArch",
+        "KeepCUBIN",
+        "KeepPTX",
+        "KeepSASS",
+        "DumpDir",
+        "FlattenLocsOutputJsonPath",
+        "RemarkOutput",
+    }
+)
 # CUTE_DSL_* variables the compiler merges into every compile that change the code it emits.
-CODEGEN_ENV = ("CUTE_DSL_ENABLE_TVM_FFI", "CUTE_DSL_COMPILER_OPT", "CUTE_DSL_LINEINFO",
-               "CUTE_DSL_ENABLE_ASSERTIONS", "CUTE_DSL_ENABLE_PYIR", "CUTE_DSL_DEBUG")  # fmt: skip
+CODEGEN_ENV = (
+    "CUTE_DSL_ENABLE_TVM_FFI",
+    "CUTE_DSL_COMPILER_OPT",
+    "CUTE_DSL_LINEINFO",
+    "CUTE_DSL_ENABLE_ASSERTIONS",
+    "CUTE_DSL_ENABLE_PYIR",
+    "CUTE_DSL_DEBUG",
+)
 
 
 class NotRecreatable(Exception):
@@ -166,8 +181,10 @@ def _qualified(obj) -> str:
     if not module or not qualname:
         raise NotRecreatable(f"{obj!r} has no importable name")
     if "<locals>" in qualname or "<lambda>" in qualname:
-        raise NotRecreatable(f"{module}:{qualname} is defined inside a function (a closure): "
-                             "a replay cannot import it")  # fmt: skip
+        raise NotRecreatable(
+            f"{module}:{qualname} is defined inside a function (a closure): "
+            "a replay cannot import it"
+        )
     if module == "__main__":
         raise NotRecreatable(f"{qualname} is defined in __main__: a replay cannot import it")
     return f"{module}:{qualname}"
@@ -200,8 +217,12 @@ def _parameters(target) -> dict[str, tuple[bool, bool]]:
     found = {}
     for name, parameter in _signature(target).parameters.items():
         annotation = parameter.annotation
-        annotated = (annotation is Constexpr or typing.get_origin(annotation) is Constexpr
-                     or isinstance(annotation, type) and issubclass(annotation, Constexpr))  # fmt: skip
+        annotated = (
+            annotation is Constexpr
+            or typing.get_origin(annotation) is Constexpr
+            or isinstance(annotation, type)
+            and issubclass(annotation, Constexpr)
+        )
         takes_type = annotation is inspect.Parameter.empty or typing.get_origin(annotation) is type
         found[name] = (annotated, takes_type)
     return found
@@ -214,7 +235,7 @@ def _bind(target, args: tuple, kwargs: dict) -> dict:
     plain = _plain_binding(target)
     if plain is not None and len(args) <= plain[1]:
         names, _, known, required = plain
-        arguments = dict(zip(names, args))
+        arguments = dict(zip(names, args, strict=False))
         if not kwargs or (kwargs.keys() <= known and kwargs.keys().isdisjoint(arguments)):
             if kwargs:
                 arguments.update((name, kwargs[name]) for name in names if name in kwargs)
@@ -239,8 +260,11 @@ def _plain_binding(target):
 
 @functools.cache
 def _variadic(target) -> tuple[str, ...]:
-    return tuple(name for name, parameter in _signature(target).parameters.items()
-                 if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD))  # fmt: skip
+    return tuple(
+        name
+        for name, parameter in _signature(target).parameters.items()
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    )
 
 
 def _is_constexpr(index: int, name: str, flags: tuple[bool, bool], value) -> bool:
@@ -321,19 +345,28 @@ def _wrapper_spec(target, env_streams: tuple) -> dict:
             names.append(name)
             if parameter.default is not inspect.Parameter.empty:
                 defaults.append(parameter.default)
-    plain = all(isinstance(v, (int, float, bool, str, type(None))) for v in [*defaults,
-                *kwonly_defaults.values()])  # fmt: skip
-    return {"arg_names": names, "arg_defaults": defaults if plain else None,
-            "kwonly_names": kwonly, "kwonly_defaults": kwonly_defaults if plain else None,
-            "env_streams": list(env_streams)}  # fmt: skip
+    plain = all(
+        isinstance(v, (int, float, bool, str, type(None)))
+        for v in [*defaults, *kwonly_defaults.values()]
+    )
+    return {
+        "arg_names": names,
+        "arg_defaults": defaults if plain else None,
+        "kwonly_names": kwonly,
+        "kwonly_defaults": kwonly_defaults if plain else None,
+        "env_streams": list(env_streams),
+    }
 
 
 @functools.cache
 def _env_stream_defaults(target) -> frozenset:
     """Parameters whose default is the environment's stream (what a call leaving them out
     passes): the compiled function does not take them."""
-    return frozenset(name for name, parameter in _signature(target).parameters.items()
-                     if getattr(parameter.default, "use_tvm_ffi_env_stream", False))  # fmt: skip
+    return frozenset(
+        name
+        for name, parameter in _signature(target).parameters.items()
+        if getattr(parameter.default, "use_tvm_ffi_env_stream", False)
+    )
 
 
 @functools.cache
@@ -371,8 +404,13 @@ class _Describer:
         if isinstance(value, cute_runtime._FakeTensor):
             return self._fake_tensor(value)
         if isinstance(value, cute_runtime._Pointer):  # make_ptr: its address is a value
-            return {"pointer": {"dtype": value._dtype.__name__, "memspace": value._addr_space.name,
-                                "align": value._assumed_align}}  # fmt: skip
+            return {
+                "pointer": {
+                    "dtype": value._dtype.__name__,
+                    "memspace": value._addr_space.name,
+                    "align": value._assumed_align,
+                }
+            }
         if _is_stream(value):
             if hasattr(value, "use_tvm_ffi_env_stream"):
                 return _ENV_STREAM if value.use_tvm_ffi_env_stream else {"stream": "fake"}
@@ -385,20 +423,26 @@ class _Describer:
             name = kind.__name__
             return {"py": name, "value": value} if constant else {"py": name}
         if isinstance(value, (tuple, list)) and constant:
-            return {"tuple": [self.argument(item, True, f"{where}[{i}]")
-                              for i, item in enumerate(value)]}  # fmt: skip
+            return {
+                "tuple": [
+                    self.argument(item, True, f"{where}[{i}]") for i, item in enumerate(value)
+                ]
+            }
         if isinstance(value, enum.Enum) and constant:  # by name: its class holds the rest
             return {"enum": _qualified(kind), "name": value.name}
         if constant and hasattr(value, "__dict__") and not inspect.isroutine(value):
             if id(value) in self.describing:
                 raise NotRecreatable(f"{where}: refers to itself, which records cannot hold")
             self.describing.add(id(value))
-            state = {attr: self.argument(item, True, f"{where}.{attr}")
-                     for attr, item in sorted(vars(value).items())}  # fmt: skip
+            state = {
+                attr: self.argument(item, True, f"{where}.{attr}")
+                for attr, item in sorted(vars(value).items())
+            }
             self.describing.discard(id(value))
             return {"object": _qualified(kind), "state": state}
-        raise NotRecreatable(f"{where}: a {kind.__module__}.{kind.__qualname__} "
-                             "cannot be described as data")  # fmt: skip
+        raise NotRecreatable(
+            f"{where}: a {kind.__module__}.{kind.__qualname__} cannot be described as data"
+        )
 
     def _symbol(self, sym) -> dict:
         number = self.symbols.setdefault(id(sym), len(self.symbols))
@@ -408,26 +452,30 @@ class _Describer:
         return {"sym": self._symbol(value)} if type(value).__name__ == "SymInt" else value
 
     def _fake_tensor(self, tensor) -> dict:
-        return {"fake": {
-            "dtype": tensor.element_type.__name__,
-            "shape": [self._dim(d) for d in tensor.shape],
-            "stride": [self._dim(d) for d in tensor.stride],
-            "memspace": str(tensor.memspace),
-            "align": tensor._assumed_align,
-            "stride32": bool(tensor._use_32bit_stride),
-        }}  # fmt: skip
+        return {
+            "fake": {
+                "dtype": tensor.element_type.__name__,
+                "shape": [self._dim(d) for d in tensor.shape],
+                "stride": [self._dim(d) for d in tensor.stride],
+                "memspace": str(tensor.memspace),
+                "align": tensor._assumed_align,
+                "stride32": bool(tensor._use_32bit_stride),
+            }
+        }
 
     @staticmethod
     def _dlpack_tensor(tensor) -> dict:
         if tensor._dltensor_wrapper is None:
             tensor.load_dltensor()
-        return {"dlpack": {
-            "dtype": tensor.element_type.__name__,
-            "layout": tensor._dltensor_wrapper.cache_key(),  # static sizes, ? for dynamic modes
-            "align": tensor._assumed_align,
-            "stride32": bool(tensor._use_32bit_stride),
-            "tvm_ffi": hasattr(tensor, "_tvm_ffi_tensor"),
-        }}  # fmt: skip
+        return {
+            "dlpack": {
+                "dtype": tensor.element_type.__name__,
+                "layout": tensor._dltensor_wrapper.cache_key(),  # static sizes, ? for dynamic modes
+                "align": tensor._assumed_align,
+                "stride32": bool(tensor._use_32bit_stride),
+                "tvm_ffi": hasattr(tensor, "_tvm_ffi_tensor"),
+            }
+        }
 
 
 def _example(described: dict, value):

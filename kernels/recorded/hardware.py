@@ -166,5 +166,7 @@ def differences(replay: dict, device_index: int) -> str | None:
             differ.append(f"{name} = {value} there, {here} here")
     if not differ:
         return None
-    return (f"its trace was recorded on {replay.get('device') or 'another GPU'}; this GPU "
-            f"({live_device()['name']}) answers otherwise: {'; '.join(differ)}")  # fmt: skip
+    return (
+        f"its trace was recorded on {replay.get('device') or 'another GPU'}; this GPU "
+        f"({live_device()['name']}) answers otherwise: {'; '.join(differ)}"
+    )

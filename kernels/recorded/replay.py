@@ -101,9 +101,12 @@ def rebuild(described: dict, example, symbols: dict):
         return tuple(rebuild(item, None, symbols) for item in described["tuple"])
     if "pointer" in described:
         pointer = described["pointer"]
-        return cute_runtime.make_ptr(getattr(cutlass, pointer["dtype"]), example,
-                                     getattr(cute.AddressSpace, pointer["memspace"]),
-                                     pointer["align"])  # fmt: skip
+        return cute_runtime.make_ptr(
+            getattr(cutlass, pointer["dtype"]),
+            example,
+            getattr(cute.AddressSpace, pointer["memspace"]),
+            pointer["align"],
+        )
     if "enum" in described:
         return getattr(import_target(described["enum"]), described["name"])
     if "object" in described:
@@ -129,8 +132,12 @@ def _dim(dim, symbols: dict):
 
 def _dlpack_tensor(described: dict, example: dict):
     memspace = described["layout"].split(" o ")[0]
-    capsule = MetadataTensor(example["shape"], example["stride"], example["storage"],
-                             device_type=2 if memspace == "gmem" else 1)  # fmt: skip
+    capsule = MetadataTensor(
+        example["shape"],
+        example["stride"],
+        example["storage"],
+        device_type=2 if memspace == "gmem" else 1,
+    )
 
     def make():
         tensor = cute_runtime.from_dlpack(
@@ -181,9 +188,15 @@ class _DataType(ctypes.Structure):
 
 
 class _Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32),
-                ("dtype", _DataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]  # fmt: skip
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _Device),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _Managed(ctypes.Structure):
@@ -198,9 +211,20 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 # DLPack type codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool, 10 float8_e4m3fn, 12 float8_e5m2
-_DLPACK_TYPES = {"float16": (2, 16), "bfloat16": (4, 16), "float32": (2, 32), "float64": (2, 64),
-                 "int8": (0, 8), "int16": (0, 16), "int32": (0, 32), "int64": (0, 64),
-                 "uint8": (1, 8), "bool": (6, 8), "float8_e4m3fn": (10, 8), "float8_e5m2": (12, 8)}  # fmt: skip
+_DLPACK_TYPES = {
+    "float16": (2, 16),
+    "bfloat16": (4, 16),
+    "float32": (2, 32),
+    "float64": (2, 64),
+    "int8": (0, 8),
+    "int16": (0, 16),
+    "int32": (0, 32),
+    "int64": (0, 64),
+    "uint8": (1, 8),
+    "bool": (6, 8),
+    "float8_e4m3fn": (10, 8),
+    "float8_e5m2": (12, 8),
+}
 
 
 class MetadataTensor:
@@ -223,18 +247,37 @@ class MetadataTensor:
         stride = (ctypes.c_int64 * rank)(*self.stride)
         code, bits = _DLPACK_TYPES[_dlpack_name(self.dtype)]
         managed = _Managed()
-        managed.dl_tensor = _Tensor(0x10000000, _Device(*self.device), rank, _DataType(code, bits, 1),
-                                    ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
-                                    ctypes.cast(stride, ctypes.POINTER(ctypes.c_int64)), 0)  # fmt: skip
+        managed.dl_tensor = _Tensor(
+            0x10000000,
+            _Device(*self.device),
+            rank,
+            _DataType(code, bits, 1),
+            ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
+            ctypes.cast(stride, ctypes.POINTER(ctypes.c_int64)),
+            0,
+        )
         self._alive.append((managed, shape, stride))
         return _capsule_new(ctypes.addressof(managed), b"dltensor", None)
 
 
 def _dlpack_name(storage: str) -> str:
     """The wrapper's dtype spelling ('bf16', 'Float32', 'torch.bfloat16') -> a DLPack name."""
-    aliases = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64",
-               "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
-               "half": "float16", "float": "float32", "double": "float64", "boolean": "bool",
-               "float8e4m3fn": "float8_e4m3fn", "float8e5m2": "float8_e5m2"}  # fmt: skip
+    aliases = {
+        "bf16": "bfloat16",
+        "f16": "float16",
+        "f32": "float32",
+        "f64": "float64",
+        "i8": "int8",
+        "i16": "int16",
+        "i32": "int32",
+        "i64": "int64",
+        "u8": "uint8",
+        "half": "float16",
+        "float": "float32",
+        "double": "float64",
+        "boolean": "bool",
+        "float8e4m3fn": "float8_e4m3fn",
+        "float8e5m2": "float8_e5m2",
+    }
     name = storage.lower().removeprefix("torch.")
     return aliases.get(name, name)

@@ -108,13 +108,20 @@ def handwritten_table(arch: str) -> Table:
         {"k": r["k"], "n": r["n"], "m": r["m"], "backend": "dot", "block_size": r["block_size"]}
         for r in section["dot_block_size"]
     ] + [
-        {"k": r["k"], "n": r["n"], "m": r["m"], "backend": "splitk", "split_k": r["split_k"],
-         "num_stages": r["num_stages"]}
+        {
+            "k": r["k"],
+            "n": r["n"],
+            "m": r["m"],
+            "backend": "splitk",
+            "split_k": r["split_k"],
+            "num_stages": r["num_stages"],
+        }
         for r in section["split_k"]
-    ]  # fmt: skip
+    ]
     provenance = {"source": "package defaults (router_gemm/tuned.json)", "about": tables["about"]}
-    return Table(FAMILY, normalize_arch(arch), {"defaults": tables["defaults"], "rows": rows},
-                 provenance)  # fmt: skip
+    return Table(
+        FAMILY, normalize_arch(arch), {"defaults": tables["defaults"], "rows": rows}, provenance
+    )
 
 
 def _row(table: Table, m: int, k: int, n: int) -> dict | None:
@@ -164,7 +171,8 @@ def problems(shapes: Iterable[tuple[int, int]] = DEFAULT_SHAPES) -> Iterator[tup
 def enumerate_keys(
     arch: str, shapes: Iterable[tuple[int, int]] = DEFAULT_SHAPES
 ) -> list[RouterGemmKey]:
-    """The distinct keys that dispatch yields for these shapes: exactly what a server will ask for."""
+    """The distinct keys that dispatch yields for these shapes: exactly what a server will ask
+    for."""
     arch = normalize_arch(arch)
     keys = {dispatch(m, k, n, arch) for m, k, n in problems(shapes)}
     return sorted(keys, key=lambda key: key.canonical_json())
@@ -182,9 +190,10 @@ def dispatch_reason(
         rule += f": {row['why']}" if row.get("why") else ""
     elif key.backend == "dot":
         rule = (
-            f"M={m} <= dot_max_m={defaults['dot_max_m']}" if m <= defaults["dot_max_m"]
+            f"M={m} <= dot_max_m={defaults['dot_max_m']}"
+            if m <= defaults["dot_max_m"]
             else f"K={k} < dot_below_k={defaults['dot_below_k']}"
-        )  # fmt: skip
+        )
         rule += f", no table row for (K={k}, N={n}, M={m}): default block"
     else:
         rule = (
@@ -221,10 +230,15 @@ def tuned_table(arch: str, winners: list, provenance: dict) -> Table:
     rows = []
     for problem, key, timings in sorted(winners, key=lambda w: (w[0].k, w[0].n, w[0].m)):
         ranked = sorted(timings.values())
-        row = {"k": problem.k, "n": problem.n, "m": [problem.m], "backend": key.backend,
-               "us": round(timings[key.id], 3),
-               "runner_up_us": round(ranked[1], 3) if len(ranked) > 1 else None,
-               "why": f"fastest of {len(timings)} measured"}  # fmt: skip
+        row = {
+            "k": problem.k,
+            "n": problem.n,
+            "m": [problem.m],
+            "backend": key.backend,
+            "us": round(timings[key.id], 3),
+            "runner_up_us": round(ranked[1], 3) if len(ranked) > 1 else None,
+            "why": f"fastest of {len(timings)} measured",
+        }
         if key.backend == "dot":
             row["block_size"] = key.block_size
         else:
@@ -286,8 +300,9 @@ class RouterGemmFamily(KernelFamily):
             raise InputError(f"{FAMILY}: empty problem x {tuple(x.shape)}, w {tuple(w.shape)}")
         if k % K_DIVISOR:
             raise InputError(f"{FAMILY}: K={k} must be a multiple of {K_DIVISOR}")
-        return RouterProblem(m, k, n, str(x.dtype).removeprefix("torch."),
-                             str(w.dtype).removeprefix("torch."))  # fmt: skip
+        return RouterProblem(
+            m, k, n, str(x.dtype).removeprefix("torch."), str(w.dtype).removeprefix("torch.")
+        )
 
     def dispatch(self, problem: RouterProblem, arch: str, table: Table | None = None) -> Dispatch:
         problem = RouterProblem(*problem)

@@ -352,7 +352,8 @@ class RouterGemmSplitK:
             # ldmatrix.x4 row addresses (lane -> (row, logical chunk)):
             #  A (x, 16 m x 16 k): lanes 0-15 rows 0-15 at k 0-7, lanes 16-31 rows 0-15 at k 8-15
             #    -> regs a0 (m0-7,k0-7) a1 (m8-15,k0-7) a2 (m0-7,k8-15) a3 (m8-15,k8-15)
-            #  B (w, 16 n x 16 k): lanes 0-7 n0-7 k0-7, 8-15 n0-7 k8-15, 16-23 n8-15 k0-7, 24-31 n8-15 k8-15
+            #  B (w, 16 n x 16 k): lanes 0-7 n0-7 k0-7, 8-15 n0-7 k8-15, 16-23 n8-15 k0-7,
+            #    24-31 n8-15 k8-15
             #    -> regs b0,b1 of n-block 0, b0,b1 of n-block 1
             a_row = lane % 16
             a_chunk0 = wq * (_K_PER_WARP // 8) + lane // 16
@@ -429,7 +430,8 @@ class RouterGemmSplitK:
 
 
 def compile_split_k(split_k: int, num_stages: int, pdl: bool, arch: str):
-    """Cross-compile for arch ("sm_90a" | "sm_100a" | "sm_103a") with TVM-FFI; returns the cute.compile result.
+    """Cross-compile for arch ("sm_90a" | "sm_100a" | "sm_103a") with TVM-FFI; returns the
+    cute.compile result.
 
     The compiled function takes (x, w, out) torch tensors and launches on the
     caller's current torch stream.

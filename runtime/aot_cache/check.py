@@ -83,14 +83,16 @@ def check_arch(
         if normalize_arch(manifest.arch) != manifest.arch:
             return (
                 "fail",
-                f"architecture spelled {manifest.arch!r}, expected {normalize_arch(manifest.arch)!r}",
+                f"architecture spelled {manifest.arch!r}, "
+                f"expected {normalize_arch(manifest.arch)!r}",
             )
     except CuteAotError as exc:
         return "fail", str(exc)
     if gpu is not None and gpu_arch is None:
         return (
             "fail",
-            f"this GPU ({gpu['name']}, compute {gpu['capability']}) is no architecture we build for",
+            f"this GPU ({gpu['name']}, compute {gpu['capability']}) "
+            "is no architecture we build for",
         )
     if gpu_arch is None:
         return "skip", f"{manifest.arch}; no GPU here to check against (see --gpu-arch)"
@@ -143,7 +145,8 @@ def check_cuda(manifest: Manifest, driver: tuple[int, int] | None) -> Result:
     if driver[0] < major:
         return (
             "fail",
-            f"the library links the CUDA {major} runtime; the driver supports CUDA {driver[0]}.{driver[1]}",
+            f"the library links the CUDA {major} runtime; "
+            f"the driver supports CUDA {driver[0]}.{driver[1]}",
         )
     return "ok", f"CUDA {major} runtime; the driver supports CUDA {driver[0]}.{driver[1]}"
 

@@ -242,8 +242,9 @@ def _print_tables(console: Console, families: dict, only: str | None) -> None:
         if not isinstance(record, dict):
             console.print(f"{name}: no dispatch table recorded (it reads none, or an older build)")
             continue
-        console.print(Text(f"{name} on {record.get('arch')}: table {record.get('digest')}",
-                           style="bold"))  # fmt: skip
+        console.print(
+            Text(f"{name} on {record.get('arch')}: table {record.get('digest')}", style="bold")
+        )
         for label, value in (record.get("provenance") or {}).items():
             console.print(f"  {label}: {value}")
         data = record.get("data") or {}
@@ -417,7 +418,8 @@ def _family_param(ctx, param, value: str) -> KernelFamily:
     "--bundle",
     "bundle_paths",
     multiple=True,
-    help=f"Bundle file or folder as a server would load them, repeatable (default: {settings.BUNDLES.name}).",
+    help="Bundle file or folder as a server would load them, repeatable "
+    f"(default: {settings.BUNDLES.name}).",
 )
 @click.option(
     "--mode",

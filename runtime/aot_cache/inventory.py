@@ -54,7 +54,10 @@ def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
         explicit = set(settings.bundle_sources())
         wheels = {str(found.folder): found.origin for found in installed_bundles()}
         named = [
-            (source, settings.BUNDLES.name if source in explicit else wheels.get(source, "installed"))
+            (
+                source,
+                settings.BUNDLES.name if source in explicit else wheels.get(source, "installed"),
+            )
             for source in sources.environment_sources()
         ]
     found = []

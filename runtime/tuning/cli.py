@@ -139,11 +139,14 @@ class Tuner:
         candidates are first timed one after the other, and a later one runs at lower clocks
         once the GPU is at its power limit. Each row's `us` becomes the interleaved time."""
         _, _, sets, out = operands
-        calls = {key_id: self.family.bind(self.function(key), problem) for key_id, key in keys.items()}
+        calls = {
+            key_id: self.family.bind(self.function(key), problem) for key_id, key in keys.items()
+        }
         times = seconds_per_call_each(calls, sets, out)
         for row in rows:
-            row.update(first_us=row.get("first_us", row["us"]), us=times[row["key_id"]] * 1e6,
-                       retimed=True)  # fmt: skip
+            row.update(
+                first_us=row.get("first_us", row["us"]), us=times[row["key_id"]] * 1e6, retimed=True
+            )
             self._record(row)
 
     def _record(self, row: dict) -> None:
@@ -156,8 +159,16 @@ class Tuner:
         return sets[0], self.family.reference(*sets[0]), sets, out
 
     def _measure_one(self, key, problem, inputs, reference, sets, out) -> dict:
-        row = {"family": self.family.name, "arch": self.arch, "problem": list(problem),
-               "key_id": key.id, "key": key.fields(), "us": None, "ok": False, "error": None}  # fmt: skip
+        row = {
+            "family": self.family.name,
+            "arch": self.arch,
+            "problem": list(problem),
+            "key_id": key.id,
+            "key": key.fields(),
+            "us": None,
+            "ok": False,
+            "error": None,
+        }
         try:
             function = self.function(key)
             if function is None:
@@ -203,16 +214,26 @@ def provenance(found: KernelFamily, arch: str, shapes, candidates: int) -> dict:
         "shapes": [list(shape) for shape in shapes],
         "candidates": candidates,
         "method": "CUDA graph replays (median of 5), operands cycled out of L2, PDL as keyed; "
-                  "finalists within 15% re-timed with replays interleaved",
+        "finalists within 15% re-timed with replays interleaved",
     }
     try:
         query = "driver_version,clocks.sm,clocks.max.sm,power.limit"
         line = subprocess.run(
             ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-i", "0"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
-        facts.update(dict(zip(("driver", "sm_clock", "max_sm_clock", "power_limit"),
-                              (part.strip() for part in line.split(",")), strict=False)))  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        facts.update(
+            dict(
+                zip(
+                    ("driver", "sm_clock", "max_sm_clock", "power_limit"),
+                    (part.strip() for part in line.split(",")),
+                    strict=False,
+                )
+            )
+        )
     except (OSError, subprocess.SubprocessError):
         pass  # clocks are informative; a machine without nvidia-smi still tunes
     return facts
@@ -229,8 +250,9 @@ def parse_where(texts, key_class) -> dict[str, tuple[str, ...]]:
         if not sep or not field.strip():
             raise click.BadParameter(f"{text!r} is not FIELD=VALUE", param_hint="--where")
         if field.strip() not in known:
-            raise click.BadParameter(f"{key_class.FAMILY} keys have no field {field.strip()!r}",
-                                     param_hint="--where")  # fmt: skip
+            raise click.BadParameter(
+                f"{key_class.FAMILY} keys have no field {field.strip()!r}", param_hint="--where"
+            )
         alternatives = (v.strip().lower() for v in value.split("|"))
         pairs[field.strip()] = tuple({"true": "1", "false": "0"}.get(v, v) for v in alternatives)
     return pairs
@@ -247,16 +269,22 @@ def matches(key, where: dict[str, tuple[str, ...]]) -> bool:
     return True
 
 
-def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Console,
-         ms: tuple[int, ...] = (), base: Table | None = None,
-         where: dict[str, str] | None = None) -> Table:
+def tune(
+    found: KernelFamily,
+    arch: str,
+    shapes,
+    results_path: Path,
+    console: Console,
+    ms: tuple[int, ...] = (),
+    base: Table | None = None,
+    where: dict[str, str] | None = None,
+) -> Table:
     """`ms`: tune only problems of these M (all the family's when empty); `base`: a table whose
     rows are kept where nothing tuned now covers them; `where`: time only candidates with
     these key fields, against the tactic `base` (or the family's default table) picks, so a
     row changes only where one of them beats it."""
     tuner = Tuner(found, arch, results_path, console)
-    problems = [p for shape in shapes for p in found.tune_problems(shape)
-                if not ms or p[0] in ms]  # fmt: skip
+    problems = [p for shape in shapes for p in found.tune_problems(shape) if not ms or p[0] in ms]
     candidates = {p: found.tune_candidates(p, arch) for p in problems}
     if where:
         for problem, keys in candidates.items():
@@ -265,8 +293,12 @@ def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Co
             candidates[problem] = chosen + ([incumbent] if incumbent not in chosen else [])
     total = sum(len(c) for c in candidates.values())
     winners = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=not console.is_terminal) as progress:
         task = progress.add_task(f"tuning {found.name}", total=total)
         for problem in problems:
@@ -274,8 +306,10 @@ def tune(found: KernelFamily, arch: str, shapes, results_path: Path, console: Co
             timings = {key_id: row["us"] for key_id, row in rows.items() if row["ok"]}
             if not timings:
                 errors = {row["error"] for row in rows.values()}
-                console.print(f"[yellow]{escape(str(problem))}: no candidate ran ({escape(str(errors))}); "
-                              "the default rule keeps it[/yellow]")  # fmt: skip
+                console.print(
+                    f"[yellow]{escape(str(problem))}: no candidate ran ({escape(str(errors))}); "
+                    "the default rule keeps it[/yellow]"
+                )
                 continue
             best = min(timings, key=timings.get)
             key = next(k for k in candidates[problem] if k.id == best)
@@ -331,19 +365,46 @@ def _parse_shapes(found: KernelFamily, texts) -> list:
     type=click.Path(dir_okay=False),
     help="Tables file to write; its tables for other families or architectures are kept.",
 )
-@click.option("--results", "results_path", type=click.Path(dir_okay=False),
-              help="Measurements, one JSON line each (default: OUT.results.jsonl); resumes.")  # fmt: skip
-@click.option("--m", "ms", type=int, multiple=True,
-              help="Tune only problems of this M (repeatable; default: every M the family tunes).")  # fmt: skip
-@click.option("--base", "base_path", type=click.Path(exists=True, dir_okay=False),
-              help="A tables file whose table for this family keeps its rows where nothing "
-                   "tuned now covers them (with --m: re-tune some M ranges only).")  # fmt: skip
-@click.option("--where", "where_texts", multiple=True,
-              help="Time only candidates whose key has FIELD=VALUE (repeatable; VALUE may list "
-                   "alternatives, tile_n=144|160), against the tactic the --base (or default) "
-                   "table picks: challengers vs the incumbent.")  # fmt: skip
-def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results_path, ms,
-         base_path, where_texts):
+@click.option(
+    "--results",
+    "results_path",
+    type=click.Path(dir_okay=False),
+    help="Measurements, one JSON line each (default: OUT.results.jsonl); resumes.",
+)
+@click.option(
+    "--m",
+    "ms",
+    type=int,
+    multiple=True,
+    help="Tune only problems of this M (repeatable; default: every M the family tunes).",
+)
+@click.option(
+    "--base",
+    "base_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A tables file whose table for this family keeps its rows where nothing "
+    "tuned now covers them (with --m: re-tune some M ranges only).",
+)
+@click.option(
+    "--where",
+    "where_texts",
+    multiple=True,
+    help="Time only candidates whose key has FIELD=VALUE (repeatable; VALUE may list "
+    "alternatives, tile_n=144|160), against the tactic the --base (or default) "
+    "table picks: challengers vs the incumbent.",
+)
+def main(
+    family_name,
+    arch,
+    shape_texts,
+    models,
+    bundle_paths,
+    out_path,
+    results_path,
+    ms,
+    base_path,
+    where_texts,
+):
     """Measure a family's tactics on this GPU and write the winners as a dispatch table."""
     click.get_current_context().with_resource(settings.tool_process())  # never recorded, served
     console = terminal.console(stderr=True)
@@ -369,8 +430,9 @@ def main(family_name, arch, shape_texts, models, bundle_paths, out_path, results
         if base_tables is not None:
             base = next((t for t in base_tables if (t.family, t.arch) == (found.name, arch)), None)
             if base is None:
-                raise click.BadParameter(f"{base_path} has no {found.name} table for {arch}",
-                                         param_hint="--base")  # fmt: skip
+                raise click.BadParameter(
+                    f"{base_path} has no {found.name} table for {arch}", param_hint="--base"
+                )
         results = Path(results_path or f"{out_path}.results.jsonl")
         table = tune(found, arch, shapes, results, console, tuple(ms), base, where)
         kept = []

@@ -55,7 +55,8 @@ def seconds_per_call_each(
 
 
 def _graph_of(call: Callable, operand_sets: Sequence[tuple], out, torch):
-    """(a warmed-up CUDA graph of about GRAPH_SECONDS of calls cycling operand_sets, calls in it)."""
+    """(a warmed-up CUDA graph of about GRAPH_SECONDS of calls cycling operand_sets, calls in
+    it)."""
     for operands in operand_sets:
         call(*operands, out)
     torch.cuda.synchronize()

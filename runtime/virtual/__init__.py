@@ -68,8 +68,10 @@ def unanswerable(question: str, reason: str, kind=Unanswerable) -> Unanswerable:
     site = asked_at()
     with _lock:
         _unanswered[site, question, reason] += 1
-    return kind(f"virtual GPU {_profile.name if _profile else '?'}: {question} cannot be "
-                f"answered ({reason}), asked at {site}")  # fmt: skip
+    return kind(
+        f"virtual GPU {_profile.name if _profile else '?'}: {question} cannot be "
+        f"answered ({reason}), asked at {site}"
+    )
 
 
 def active():
@@ -87,8 +89,14 @@ def compiled(call, function):
         _compiles[target].add(call.key().id if call is not None else id(function))
         kernels = sum(len(calls) for calls in _compiles.values())
     if sys.stderr.isatty():  # a progress line where someone watches
-        print(f"\rcute-aot virtual {_profile.name}: {kernels} kernels, last {target}"[:120].ljust(120),
-              end="", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"\rcute-aot virtual {_profile.name}: {kernels} kernels, last {target}"[:120].ljust(
+                120
+            ),
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
     return LaunchesNothing(function)
 
 
@@ -144,8 +152,10 @@ def summary() -> dict:
             "compile_calls": _calls,
             "kernels": sum(len(calls) for calls in _compiles.values()),
             "targets": {target: len(calls) for target, calls in sorted(_compiles.items())},
-            "unanswerable": [{"site": site, "question": question, "reason": reason, "times": n}
-                             for (site, question, reason), n in sorted(_unanswered.items())],  # fmt: skip
+            "unanswerable": [
+                {"site": site, "question": question, "reason": reason, "times": n}
+                for (site, question, reason), n in sorted(_unanswered.items())
+            ],
         }
 
 
@@ -154,10 +164,14 @@ def _say_summary() -> None:
     if sys.stderr.isatty() and found["compile_calls"]:
         print(file=sys.stderr)  # past the progress line
     profile = found["profile"]
-    lines = [f"cute-aot virtual {profile['profile']} ({profile['arch']}), pid {os.getpid()}: "
-             f"{found['compile_calls']} cute.compile calls, {found['kernels']} kernels of "
-             f"{len(found['targets'])} targets; {len(found['unanswerable'])} unanswerable "
-             "questions" + (":" if found["unanswerable"] else "")]  # fmt: skip
-    lines += [f"  {u['site']}: {u['question']} ({u['reason']}) x{u['times']}"
-              for u in found["unanswerable"]]  # fmt: skip
+    lines = [
+        f"cute-aot virtual {profile['profile']} ({profile['arch']}), pid {os.getpid()}: "
+        f"{found['compile_calls']} cute.compile calls, {found['kernels']} kernels of "
+        f"{len(found['targets'])} targets; {len(found['unanswerable'])} unanswerable "
+        "questions" + (":" if found["unanswerable"] else "")
+    ]
+    lines += [
+        f"  {u['site']}: {u['question']} ({u['reason']}) x{u['times']}"
+        for u in found["unanswerable"]
+    ]
     print("\n".join(lines), file=sys.stderr)

@@ -16,9 +16,17 @@ from cute_aot.runtime.virtual import unanswerable
 
 # Calls a driver with no GPU behind it answers truthfully: initialization, one device, its
 # context and synchronization (nothing runs, so there is nothing to wait for).
-_SUCCESS_ONLY = ("cuInit", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxSynchronize",
-                 "cuStreamSynchronize", "cuEventSynchronize", "cuEventRecord", "cuStreamWaitEvent",
-                 "cuDevicePrimaryCtxRelease")  # fmt: skip
+_SUCCESS_ONLY = (
+    "cuInit",
+    "cuCtxSetCurrent",
+    "cuCtxPushCurrent",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuEventRecord",
+    "cuStreamWaitEvent",
+    "cuDevicePrimaryCtxRelease",
+)
 
 
 def start(profile) -> None:
@@ -36,8 +44,9 @@ def _answer_driver(profile) -> None:
     def attribute(attrib, device=0):
         name = getattr(attrib, "name", str(attrib)).removeprefix("CU_DEVICE_ATTRIBUTE_")
         if name not in profile.attributes:
-            raise unanswerable(f"cuDeviceGetAttribute({name})",
-                               f"profile {profile.name} holds no value for it")  # fmt: skip
+            raise unanswerable(
+                f"cuDeviceGetAttribute({name})", f"profile {profile.name} holds no value for it"
+            )
         return ok, profile.attributes[name]
 
     def total_memory(device=0):
@@ -77,8 +86,10 @@ def _answer_hardware_info(profile) -> None:
 
     def get_max_active_clusters(self, cluster_size: int, stream=None) -> int:
         if cluster_size not in profile.max_active_clusters:
-            raise unanswerable(f"HardwareInfo.get_max_active_clusters({cluster_size})",
-                               f"profile {profile.name} holds no cluster occupancy for it")  # fmt: skip
+            raise unanswerable(
+                f"HardwareInfo.get_max_active_clusters({cluster_size})",
+                f"profile {profile.name} holds no cluster occupancy for it",
+            )
         return profile.max_active_clusters[cluster_size]
 
     HardwareInfo.get_max_active_clusters = get_max_active_clusters

@@ -51,9 +51,11 @@ class DeviceProperties:
         attribute = PROPERTY_ATTRIBUTES.get(name)
         if attribute is not None and attribute in self._profile.attributes:
             return self._profile.attributes[attribute]
-        raise unanswerable(f"torch.cuda.get_device_properties().{name}",
-                           f"profile {self._profile.name} holds no value for it",
-                           UnansweredAttribute)  # fmt: skip
+        raise unanswerable(
+            f"torch.cuda.get_device_properties().{name}",
+            f"profile {self._profile.name} holds no value for it",
+            UnansweredAttribute,
+        )
 
     def __repr__(self):
         return f"_CudaDeviceProperties(name='{self.name}', virtual profile {self._profile.name})"
@@ -109,8 +111,10 @@ class Event:
         return True
 
     def elapsed_time(self, end_event):
-        raise unanswerable("torch.cuda.Event.elapsed_time", "nothing runs on a virtual GPU: "
-                           "a timing would be invented")  # fmt: skip
+        raise unanswerable(
+            "torch.cuda.Event.elapsed_time",
+            "nothing runs on a virtual GPU: a timing would be invented",
+        )
 
 
 class MemPool:
@@ -161,8 +165,9 @@ def _answers(profile) -> dict:
 
     def mem_get_info(device=None):
         if profile.total_memory is None:
-            raise unanswerable("torch.cuda.mem_get_info", f"profile {profile.name} holds no "
-                               "memory size")  # fmt: skip
+            raise unanswerable(
+                "torch.cuda.mem_get_info", f"profile {profile.name} holds no memory size"
+            )
         return profile.total_memory, profile.total_memory
 
     def nothing():  # a function object of its own per name (torch.compile maps them apart)
@@ -295,8 +300,10 @@ def _routing_mode():
                 raise
             except Exception as exc:
                 if _reads_values(exc):
-                    raise unanswerable(f"{func} of a CUDA tensor", "a host read of device "
-                                       "memory (.item(), .tolist(), control flow on values)") from exc  # fmt: skip
+                    raise unanswerable(
+                        f"{func} of a CUDA tensor",
+                        "a host read of device memory (.item(), .tolist(), control flow on values)",
+                    ) from exc
                 raise
 
     return VirtualCuda()
@@ -315,8 +322,11 @@ def _index_through_meta() -> None:
             return type(value)(twin(item) for item in value)
         if not isinstance(value, torch.Tensor) or value.device.type == "meta":
             return value
-        extent = 1 + value.storage_offset() + sum((n - 1) * s for n, s in
-                                                  zip(value.shape, value.stride()) if n > 0)  # fmt: skip
+        extent = (
+            1
+            + value.storage_offset()
+            + sum((n - 1) * s for n, s in zip(value.shape, value.stride(), strict=True) if n > 0)
+        )
         base = torch.empty(extent, dtype=value.dtype, device="meta")
         return base.as_strided(value.shape, value.stride(), value.storage_offset())
 
@@ -324,8 +334,10 @@ def _index_through_meta() -> None:
         try:
             return index_op(*args)
         except (RuntimeError, NotImplementedError) as exc:  # a boolean mask: shape from values
-            raise unanswerable("indexing a CUDA tensor by its values", "a host read of device "
-                               "memory (the result's shape depends on them)") from exc  # fmt: skip
+            raise unanswerable(
+                "indexing a CUDA tensor by its values",
+                "a host read of device memory (the result's shape depends on them)",
+            ) from exc
 
     get_item, set_item = torch.Tensor.__getitem__, torch.Tensor.__setitem__
 
@@ -335,7 +347,9 @@ def _index_through_meta() -> None:
         found = meta_result(get_item, twin(self), twin(index))
         if found._is_view():
             return torch.as_strided(self, found.shape, found.stride(), found.storage_offset())
-        return torch.empty_strided(found.shape, found.stride(), dtype=found.dtype, device=self.device)
+        return torch.empty_strided(
+            found.shape, found.stride(), dtype=found.dtype, device=self.device
+        )
 
     def setitem(self, index, value):
         if self.device.type != "cuda":

@@ -24,7 +24,9 @@ from tests.user_kernels.scale import scale
 
 
 @cute.jit
-def scale_in_main(x: cute.Tensor, y: cute.Tensor, factor: cutlass.Float32, stream, block: cutlass.Constexpr = 128):
+def scale_in_main(
+    x: cute.Tensor, y: cute.Tensor, factor: cutlass.Float32, stream, block: cutlass.Constexpr = 128
+):
     scale(x, y, factor, stream, block)
 
 

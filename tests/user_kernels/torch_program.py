@@ -29,9 +29,13 @@ def run_user_kernel(n: int, block: int, abi: str):
     y = torch.empty_like(x)
     if abi == "tvm_ffi":
         compiled = cute.compile[cute.EnableTVMFFI(True)](
-            scale, from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
-            from_dlpack(y, assumed_align=16).mark_layout_dynamic(), 1.0,
-            make_fake_stream(use_tvm_ffi_env_stream=True), block=block)  # fmt: skip
+            scale,
+            from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
+            from_dlpack(y, assumed_align=16).mark_layout_dynamic(),
+            1.0,
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+            block=block,
+        )
         return compiled(x, y, 0.5)
     tensors = [from_dlpack(t, assumed_align=16).mark_layout_dynamic() for t in (x, y)]
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -66,17 +70,27 @@ def main(argv: list[str]) -> None:
     worker = threading.Thread(target=lambda: seen.update(t=type(torch.empty(2, device="cuda"))))
     worker.start()
     worker.join()
-    print(json.dumps({"cpu": torch.arange(3).tolist(), "cuda_on_a_thread": seen["t"].__name__,
-                      "device": torch.cuda.get_device_name(),
-                      "capability": list(torch.cuda.get_device_capability(device=0))}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "cpu": torch.arange(3).tolist(),
+                "cuda_on_a_thread": seen["t"].__name__,
+                "device": torch.cuda.get_device_name(),
+                "capability": list(torch.cuda.get_device_capability(device=0)),
+            }
+        )
+    )
     if "--ask" in argv:
         for question, ask in questions():
             try:
                 ask()
                 print(json.dumps({"question": question, "error": None}))
             except Exception as exc:
-                print(json.dumps({"question": question, "error": type(exc).__name__,
-                                  "message": str(exc)}))  # fmt: skip
+                print(
+                    json.dumps(
+                        {"question": question, "error": type(exc).__name__, "message": str(exc)}
+                    )
+                )
 
 
 if __name__ == "__main__":
