@@ -13,7 +13,6 @@ from concurrent.futures import Future
 
 from cute_aot.artifacts.errors import JitUnavailableError
 from cute_aot.runtime import overlay, policy
-from cute_aot.runtime.notices import warn_once
 
 _compile_lock = threading.Lock()
 _table_lock = threading.Lock()
@@ -79,8 +78,8 @@ def _publish(compiled, key, arch: str) -> None:
         if overlay.publish(key, arch, bundle):
             published.append(key.id)
     except Exception as exc:
-        policy.count(key.FAMILY, policy.DEGRADED)
-        warn_once(
+        policy.degrade(
+            key.FAMILY,
             ("overlay-publish", str(overlay.overlay_root())),
             f"overlay cache off: cannot publish JIT results under {overlay.overlay_root()} "
             f"({type(exc).__name__}: {exc}); the compiled kernel serves this process",

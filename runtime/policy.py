@@ -64,7 +64,8 @@ class Resolution:
     source: str  # "bundle" | "overlay" | "jit" | "reference" | "library"
 
 
-def _degrade(family: str, subject: tuple, message: str) -> None:
+def degrade(family: str, subject: tuple, message: str) -> None:
+    """A step failed and the next one serves: counted, and said once per subject."""
     count(family, DEGRADED)
     warn_once(("degraded", family, *subject), message)
 
@@ -98,7 +99,7 @@ def resolve(
     except UnsupportedProblemError as exc:
         if mode is not Mode.AUTO or reference is None:
             raise
-        _degrade(family, (arch, str(exc)), f"{exc}; {family} runs its torch reference instead")
+        degrade(family, (arch, str(exc)), f"{exc}; {family} runs its torch reference instead")
         return Resolution(reference(), "reference")
 
     if mode is Mode.JIT:
@@ -113,7 +114,7 @@ def resolve(
         if mode is Mode.AOT:
             raise
         function = None
-        _degrade(
+        degrade(
             family,
             ("bundle", arch, key.id),
             f"bundle kernel {key.id} of {family} for {arch} is unusable ({_failure(exc)}); "
@@ -140,7 +141,7 @@ def resolve(
         function = REGISTRY.overlay_function(key, arch)
     except Exception as exc:  # an unwritable, full or damaged overlay folder: compile instead
         function = None
-        _degrade(
+        degrade(
             family,
             ("overlay", arch),
             f"overlay cache unusable for {family} on {arch} ({_failure(exc)}); compiling instead",
@@ -169,7 +170,7 @@ def resolve(
         )
         if reference is None:
             raise failure from (None if failure is exc else exc)
-        _degrade(
+        degrade(
             family,
             ("jit", arch, str(failure)),
             f"{failure}; {family} runs its torch reference instead",
@@ -180,6 +181,7 @@ def resolve(
 __all__ = [
     "BYPASS",
     "DEGRADED",
+    "degrade",
     "HIT",
     "MISS",
     "Resolution",
