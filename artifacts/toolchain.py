@@ -1,8 +1,11 @@
 """The toolchain fingerprint recorded in every bundle.
 
 TVM-FFI exports carry no version of their own, so a bundle says what built it: the cutlass-dsl
-distributions, tvm-ffi, and the CUDA runtime major it was linked against. Read from distribution
-metadata only: finding this out never imports cutlass.
+distributions, tvm-ffi, the CUDA runtime major it was linked against, and the DSL variables set
+that change the code it emits. Read from distribution metadata and the environment only: finding
+this out never imports cutlass. The same fingerprint keys the build cache and the overlay, so
+code made under one compiler setting is never served for another; servers do not compile, so a
+bundle loads whatever their own environment sets.
 """
 
 from __future__ import annotations
@@ -11,9 +14,22 @@ import functools
 import re
 from importlib import metadata
 
+from cute_aot.artifacts import settings
+
 CUTLASS_DSL_PREFIX = "nvidia-cutlass-dsl"
 TVM_FFI_DIST = "apache-tvm-ffi"
 CUDA_RUNTIME_DIST = "nvidia-cuda-runtime"
+# CUTE_DSL_* variables the compiler reads at every compile that change the code it emits
+# (cutlass-dsl 4.9 announces its extension compiler as the default, this variable opting out).
+CODEGEN_ENV = (
+    "CUTE_DSL_ENABLE_TVM_FFI",
+    "CUTE_DSL_COMPILER_OPT",
+    "CUTE_DSL_LINEINFO",
+    "CUTE_DSL_ENABLE_ASSERTIONS",
+    "CUTE_DSL_ENABLE_PYIR",
+    "CUTE_DSL_DEBUG",
+    "CUTE_DSL_USE_EXTENSION_COMPILER",
+)
 
 
 @functools.cache
@@ -81,12 +97,18 @@ def cuda_runtime_major() -> int | None:
 
 
 def fingerprint() -> dict:
-    """What built (or would build) a bundle on this machine."""
-    return {
+    """What built (or would build) a bundle on this machine. The code-changing variables are
+    named only where one is set: with none, the fingerprint (and every digest made of it) is
+    what it always was."""
+    found = {
         "cutlass_dsl": cutlass_dsl_versions(),
         "tvm_ffi": tvm_ffi_version(),
         "cuda_runtime_major": cuda_runtime_major(),
     }
+    codegen = settings.environment(CODEGEN_ENV)
+    if codegen:
+        found["codegen_env"] = codegen
+    return found
 
 
 def abi_compatible_tvm_ffi(built_with: str | None, installed: str | None) -> bool:

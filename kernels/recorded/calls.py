@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.bundle import sha256_file
+from cute_aot.artifacts.toolchain import CODEGEN_ENV
 from cute_aot.kernels.recorded import RecordedCallKey, asks_tvm_ffi, canonical
 
 # Options that say where files go, or which architecture: never part of the identity.
@@ -43,15 +44,6 @@ HOST_OPTIONS = frozenset(
         "FlattenLocsOutputJsonPath",
         "RemarkOutput",
     }
-)
-# CUTE_DSL_* variables the compiler merges into every compile that change the code it emits.
-CODEGEN_ENV = (
-    "CUTE_DSL_ENABLE_TVM_FFI",
-    "CUTE_DSL_COMPILER_OPT",
-    "CUTE_DSL_LINEINFO",
-    "CUTE_DSL_ENABLE_ASSERTIONS",
-    "CUTE_DSL_ENABLE_PYIR",
-    "CUTE_DSL_DEBUG",
 )
 
 

@@ -163,7 +163,7 @@ class RouterGemmDotProduct:
         warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         # red[wi, mi]: warp wi's partial sum for token row mi
         red = smem.allocate_tensor(
             Float32, cute.make_layout((NW, M), stride=(M, 1)), byte_alignment=16

@@ -233,7 +233,7 @@ class RouterGemmSplitK:
         n_local = kt_end - kt_begin
 
         # ---- shared memory ----
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         bars = smem.allocate_array(Int64, 2 * S, byte_alignment=8)
         full_bar = bars  # [S], arrival count 128 (cp.async noinc arrivals)
         empty_bar = bars + S  # [S], arrival count 128 (MMA threads)
