@@ -19,17 +19,25 @@ from pathlib import Path
 
 # A namedtuple, not a dataclass: the startup hook imports this module in every process that sets
 # an activating variable, and dataclasses (with inspect) would cost it several ms.
-class Setting(namedtuple("Setting", "name default doc")):
+class Setting(namedtuple("Setting", "name default doc when_unset", defaults=(None,))):
+    """A CUTE_AOT_* variable: `default` is the value that applies when it is unset (None: no
+    value; the reader below works one out, as `when_unset` says in words)."""
+
     __slots__ = ()
 
     def raw(self) -> str | None:
         """The variable's value, None when it is unset or empty."""
         return os.environ.get(self.name) or None
 
+    @property
+    def unset_text(self) -> str:
+        """What applies when unset, for people (`aot-cache env`, the README's table)."""
+        return self.when_unset or (self.default if self.default is not None else "none")
+
 
 BUNDLES = Setting(
     "CUTE_AOT_BUNDLES",
-    "none",
+    None,
     "bundle files, folders or URLs, ':'-separated, loaded at the first op call",
 )
 MODE = Setting(
@@ -39,21 +47,23 @@ MODE = Setting(
 )
 CACHE_DIR = Setting(
     "CUTE_AOT_CACHE_DIR",
-    "$XDG_CACHE_HOME/cute-aot, else ~/.cache/cute-aot",
+    None,
     "per-user cache: verified libraries, JIT overlay, miss log, build cache (keep it 0700)",
+    "$XDG_CACHE_HOME/cute-aot, else ~/.cache/cute-aot",
 )
 MISS_LOG = Setting(
     "CUTE_AOT_MISS_LOG",
-    "<cache dir>/misses.jsonl",
+    None,
     "where servers record the kernels they had to compile: a file, or a folder or "
     "URL prefix (s3://bucket/misses/, any fsspec protocol) with one file per process",
+    "<cache dir>/misses.jsonl",
 )
 HOST = Setting(
-    "CUTE_AOT_HOST", "the host name", "name this process's miss file uses; default the host name"
+    "CUTE_AOT_HOST", None, "name this process's miss file uses", "the host name"
 )
 TRUSTED_KEYS = Setting(
     "CUTE_AOT_TRUSTED_KEYS",
-    "none",
+    None,
     "ed25519 public keys (PEM files or folders, ':'-separated) bundles may be signed by",
 )
 REQUIRE_SIGNATURE = Setting(
@@ -61,8 +71,9 @@ REQUIRE_SIGNATURE = Setting(
 )
 OVERLAY_KEY = Setting(
     "CUTE_AOT_OVERLAY_KEY",
-    "<cache dir>/keys/overlay.pem",
+    None,
     "private key that signs JIT results in the overlay cache",
+    "<cache dir>/keys/overlay.pem",
 )
 REVERIFY = Setting(
     "CUTE_AOT_REVERIFY", "0", "1: verify every bundle's library in full at every load (audits)"
@@ -74,7 +85,7 @@ REMOTE_UNSIGNED = Setting(
 )
 RECORD = Setting(
     "CUTE_AOT_RECORD",
-    "none",
+    None,
     "a file, a folder or a URL prefix (s3://bucket/records/, any fsspec protocol; a "
     "folder or prefix gets one file per process): every distinct cute.compile call "
     "of every process is recorded there, as data `aot-build --from-record` rebuilds",
@@ -86,13 +97,13 @@ INTERCEPT = Setting(
 )
 REPORT = Setting(
     "CUTE_AOT_REPORT",
-    "none",
+    None,
     "a JSON file: at exit, each process adds its cute.compile compiles, hits and "
     "misses per target and per family to it",
 )
 VIRTUAL = Setting(
     "CUTE_AOT_VIRTUAL",
-    "none",
+    None,
     "a GPU profile (h200, b200, ...), an architecture (sm_100a: its reference "
     "profile) or a JSON file of overrides: the process becomes a virtual GPU of that "
     "profile that records with none present (fake CUDA tensors, stub launches)",
@@ -134,7 +145,7 @@ _PORT_REST = re.compile(r"^[0-9]+(?:/|\Z)")
 def _flag(setting: Setting, unrecognized: bool = False) -> bool:
     """The one boolean grammar: 1/true/yes/on, 0/false/no/off (or unset); anything else is
     `unrecognized` (True for a setting a typo must not turn off)."""
-    value = (setting.raw() or "").strip().lower()
+    value = (setting.raw() or setting.default or "").strip().lower()
     return True if value in _TRUE else False if value in _FALSE else unrecognized
 
 
@@ -153,9 +164,9 @@ def bundle_sources() -> list[str]:
     return [part for part in joined if part]
 
 
-def mode_name() -> str | None:
-    """CUTE_AOT_MODE as written (parsed by runtime/mode.py), None when unset."""
-    return MODE.raw()
+def mode_name() -> str:
+    """CUTE_AOT_MODE as written (parsed by runtime/mode.py), its default when unset."""
+    return MODE.raw() or MODE.default
 
 
 def cache_dir() -> Path:

@@ -52,7 +52,7 @@ def set_mode(mode: str | Mode | None) -> None:
 
 
 def current_mode() -> Mode:
-    mode = _override if _override is not None else parse_mode(settings.mode_name() or Mode.AUTO)
+    mode = _override if _override is not None else parse_mode(settings.mode_name())
     if _seen[0] is not mode:
         with _lock:
             if _seen[0] is not mode:

@@ -87,3 +87,24 @@ def test_tuning_results_use_the_one_json_lines_reader_and_appender(tmp_path):
     tuner._record({**row, "key_id": "k2"})
     again = Tuner(found, "sm_90a", results, Console(file=open(os.devnull, "w")))
     assert sorted(key_id for _, key_id in again.done) == ["k1", "k2"]
+
+
+def test_each_setting_s_default_is_a_value_its_reader_takes(monkeypatch):
+    from cute_aot.artifacts import settings
+    from cute_aot.runtime.mode import Mode, current_mode
+
+    for setting in settings.SETTINGS:
+        monkeypatch.delenv(setting.name, raising=False)
+        # a value, or none and what applies then said in words (never both)
+        assert setting.default is None or setting.when_unset is None, setting
+    assert settings.mode_name() == settings.MODE.default == "auto"
+    assert current_mode() is Mode.AUTO
+    flags = (
+        settings.REQUIRE_SIGNATURE,
+        settings.REVERIFY,
+        settings.REMOTE_UNSIGNED,
+        settings.DISABLE,
+    )
+    for flag in flags:
+        assert flag.default == "0" and settings._flag(flag) is False
+    assert settings.CACHE_DIR.default is None and settings.CACHE_DIR.unset_text.startswith("$XDG")

@@ -795,7 +795,7 @@ def env_command(as_json):
     table.add_row(
         "path", "bundles", "\n".join(where["bundles"]) or f"none ({settings.BUNDLES.name} unset)"
     )
-    defaults = {setting.name: setting.default for setting in settings.SETTINGS}
+    defaults = {setting.name: setting.unset_text for setting in settings.SETTINGS}
     for name, value in report["env"].items():
         unset = f"(unset: {defaults[name]})" if name in defaults else "(unset)"
         table.add_row("env", name, unset if value is None else value)

@@ -365,7 +365,7 @@ def environment() -> dict:
         "gpu": check.local_gpu(),
         "driver_cuda": ".".join(map(str, driver)) if driver else None,
         "mode": current_mode().value,
-        "mode_source": settings.MODE.name if settings.mode_name() else "default",
+        "mode_source": settings.MODE.name if settings.MODE.raw() else "default",
         "jit_available": jit_available(),
         "overlay_fingerprints": gc.current_fingerprints(),
         "startup_hook": _startup_hook(),
