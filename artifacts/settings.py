@@ -58,9 +58,7 @@ MISS_LOG = Setting(
     "URL prefix (s3://bucket/misses/, any fsspec protocol) with one file per process",
     "<cache dir>/misses.jsonl",
 )
-HOST = Setting(
-    "CUTE_AOT_HOST", None, "name this process's miss file uses", "the host name"
-)
+HOST = Setting("CUTE_AOT_HOST", None, "name this process's miss file uses", "the host name")
 TRUSTED_KEYS = Setting(
     "CUTE_AOT_TRUSTED_KEYS",
     None,

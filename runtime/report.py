@@ -80,6 +80,10 @@ def _merged(processes: dict) -> dict:
         for asked in process.get("virtual", {}).get("unanswerable", []):
             subject = (asked["site"], asked["question"], asked["reason"])
             unanswerable[subject] = unanswerable.get(subject, 0) + asked["times"]
+    failed: dict[str, list] = {}  # virtual GPUs: a test suite's failures, by whose they are
+    for process in processes.values():
+        for whose, tests in process.get("virtual", {}).get("failed_tests", {}).items():
+            failed.setdefault(whose, []).extend(tests)
     return {
         "format": REPORT_FORMAT,
         **{total: sum(p.get(total, 0) for p in processes.values()) for total in TOTALS},
@@ -93,6 +97,11 @@ def _merged(processes: dict) -> dict:
                 ]
             }
             if unanswerable
+            else {}
+        ),
+        **(
+            {"failed_tests": {w: sorted(t, key=lambda r: r["test"]) for w, t in failed.items()}}
+            if any(failed.values())
             else {}
         ),
         "processes": processes,

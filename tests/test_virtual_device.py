@@ -240,3 +240,59 @@ def test_the_libraries_caches_live_in_a_folder_of_the_process_removed_at_exit(tm
         and Path(seen["XDG_CACHE_HOME"]).parent == folder
     )
     assert not folder.exists()  # removed when the process ended
+
+
+WORKLOAD_TESTS = """
+import torch
+
+from tests.user_kernels.torch_program import run_user_kernel
+
+
+def test_compiles_then_checks_numbers():
+    run_user_kernel(1000, 128, "tvm_ffi")
+    assert torch.ones(4, device="cuda").sum().item() == 4  # no number to read: the workload's
+
+
+def test_asks_before_it_compiles():
+    n = int(torch.ones(4, device="cuda").sum().item())  # its kernel is never reached
+    run_user_kernel(n, 128, "tvm_ffi")
+
+
+def test_compiles():
+    run_user_kernel(1000, 256, "tvm_ffi")
+"""
+
+
+@pytest.mark.slow
+def test_a_test_suite_s_own_failures_are_told_from_the_recorder_s(tmp_path):
+    """pytest as the workload: a test that compiled and then failed on numbers is the
+    workload's; one that failed before its compile is the recorder's (its kernel is missing)."""
+    _needs_the_dsl_and_torch()
+    (tmp_path / "test_workload.py").write_text(WORKLOAD_TESTS)
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_workload.py"],
+        env=_env(
+            tmp_path,
+            CUTE_AOT_VIRTUAL="h200",
+            CUTE_AOT_RECORD=str(tmp_path / "records") + "/",
+            CUTE_AOT_REPORT=str(report),
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # two tests failed
+    failed = json.loads(report.read_text())["failed_tests"]
+    assert [row["test"] for row in failed["workload"]] == [
+        "test_workload.py::test_compiles_then_checks_numbers"
+    ]
+    assert [row["test"] for row in failed["recorder"]] == [
+        "test_workload.py::test_asks_before_it_compiles"
+    ]
+    (recorder,) = failed["recorder"]
+    assert recorder["compiled"] == 0 and recorder["error"].startswith("Unanswerable")
+    assert recorder["site"].endswith("test_workload.py:13")  # its .item() line
+    assert "1 the workload's" in done.stderr and "1 the recorder's" in done.stderr
+    assert len(_records(tmp_path / "records")) == 2  # the two tests that compiled

@@ -31,13 +31,18 @@ import threading
 
 from cute_aot.artifacts import settings
 
-__all__ = ["Unanswerable", "active", "start", "summary"]
+__all__ = ["Unanswerable", "active", "compile_calls", "start", "summary", "test_failed"]
 
 _profile = None  # the GpuProfile answering, once started
 _lock = threading.Lock()
 _unanswered: collections.Counter = collections.Counter()  # (site, question, reason) -> times
 _compiles: dict[str, set] = collections.defaultdict(set)  # target -> distinct calls compiled
 _calls = 0
+# Failed tests of a pytest workload (pytest_plugin.py), by whose failure it is: "workload" (it
+# failed in its own code after its kernels compiled, e.g. asserting on numbers a virtual GPU
+# does not compute) or "recorder" (it failed before any compile, or inside a library: kernels it
+# would have compiled were not recorded).
+_failures: dict[str, list[dict]] = {"workload": [], "recorder": []}
 
 
 class Unanswerable(RuntimeError):
@@ -52,12 +57,16 @@ class UnansweredAttribute(Unanswerable, AttributeError):
 _PLUMBING = ("torch", "cuda", "cutlass", "tvm_ffi", "importlib", "contextlib")
 
 
+def plumbing(module: str) -> bool:
+    """Whether code of `module` is how a question reaches us rather than where it was asked."""
+    return module.split(".")[0] in _PLUMBING or module.startswith("cute_aot.runtime")
+
+
 def asked_at() -> str:
     """file:line of the first frame outside torch, the driver bindings, cutlass and cute-aot."""
     frame = sys._getframe(1)
     while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] not in _PLUMBING and not module.startswith("cute_aot.runtime"):
+        if not plumbing(frame.f_globals.get("__name__", "")):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
@@ -113,6 +122,21 @@ class LaunchesNothing:
         return getattr(self.__wrapped__, name)
 
 
+def compile_calls() -> int:
+    """cute.compile calls made so far in this process."""
+    with _lock:
+        return _calls
+
+
+def test_failed(test: str, compiled: int, in_test_code: bool, error: str, site: str) -> str:
+    """Count a failed test of the workload: the workload's when it compiled (`compiled` calls)
+    and then failed in its own code (`in_test_code`), else the recorder's. Returns which."""
+    whose = "workload" if compiled and in_test_code else "recorder"
+    with _lock:
+        _failures[whose].append({"test": test, "compiled": compiled, "error": error, "site": site})
+    return whose
+
+
 def load_profile(spec: str):
     """CUTE_AOT_VIRTUAL's value -> GpuProfile: a name, an architecture, or a JSON override file."""
     from cute_aot.kernels import gpu_profiles
@@ -156,6 +180,10 @@ def summary() -> dict:
                 {"site": site, "question": question, "reason": reason, "times": n}
                 for (site, question, reason), n in sorted(_unanswered.items())
             ],
+            "failed_tests": {
+                whose: sorted(failed, key=lambda row: row["test"])
+                for whose, failed in _failures.items()
+            },
         }
 
 
@@ -174,4 +202,11 @@ def _say_summary() -> None:
         f"  {u['site']}: {u['question']} ({u['reason']}) x{u['times']}"
         for u in found["unanswerable"]
     ]
+    workload, recorder = found["failed_tests"]["workload"], found["failed_tests"]["recorder"]
+    if workload or recorder:
+        lines.append(
+            f"  failed tests: {len(workload)} the workload's (after their kernels compiled), "
+            f"{len(recorder)} the recorder's (kernels may be missing)" + (":" if recorder else "")
+        )
+        lines += [f"    {row['test']}: {row['error']} at {row['site']}" for row in recorder]
     print("\n".join(lines), file=sys.stderr)
