@@ -20,7 +20,7 @@ Design (what a reviewer can check against the code below)
 * Grid and scheduler: grid = (ceil(Mk/tile_m) rounded up to cluster_m, ceil(Nk/tile_n) rounded
   up to cluster_n, split_k). CTAs are mapped to output tiles in groups of raster_m M tiles (see
   _tile_of) so that each wave reuses its operands from L2. z is the K split.
-* Persistent (persistent=True, split_k = 1): the grid is at most PERSISTENT_CTAS CTAs (132, the
+* Persistent (persistent=True, split_k = 1): the grid is at most SMS CTAs (resources.py: 132, the
   H100/H200 SXM SM count; on another GPU only the wave count changes, never the result); each
   cluster walks the cluster tiles c, c + L, c + 2L, .. (L clusters launched) in the same grouped
   raster order. The producer's pipeline runs on across tiles, so while the consumers run one
@@ -122,6 +122,9 @@ Design (what a reviewer can check against the code below)
   barrier -> TMA store, wait_group.read 1 -> barrier) -> [persistent: next tile] -> cluster
   barrier (any cluster: peers done with this CTA's shared memory) -> exit.
 
+Shared memory, stages, the accumulator budget and the SM count are resources.py's, the one model
+that keys' stages (stages_for) and dispatch are sized by; this module allocates and checks by it.
+
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
 `from __future__ import annotations` here: cute.struct reads its field annotations as objects.
 """
@@ -135,39 +138,37 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32
 from cutlass.tensor_utils import LayoutEnum
 
-__all__ = ["HopperGemm", "SMEM_CAPACITY", "stage_bytes"]
+# The one shared-memory, stage, register and SM model (pure Python; dispatch sizes keys by it).
+from cute_aot.kernels.gemm_sm90.resources import (
+    BARRIER_RESERVE,
+    BF16_DTYPE,
+    EPI_BUFFERS,
+    FP8_DTYPE,
+    OUT_PAD,
+    OUT_VECTOR,
+    SMEM_CAPACITY,
+    SMS,
+    SPLITS,
+    TILE_K,
+    WARPGROUP,
+    accumulator_budget,
+    accumulators_per_thread,
+    stage_bytes,
+    staged_bytes,
+    staging_bytes,
+    stores_by_tma,
+    strip_cols,
+)
 
-SMEM_CAPACITY = 232448  # bytes of dynamic shared memory an sm_90 CTA may use (227 KiB)
-BARRIER_RESERVE = 1024  # mbarriers + alignment slack
-WARPGROUP = 128
-OUT_VECTOR = 8  # elements per 16-byte bf16 store of the staged epilogue
-OUT_PAD = 8  # elements per staged row: rows 4 (bf16) / 8 (fp32) banks apart
-# TMA-store epilogue (persistent, whole tiles in out's order): the tile leaves in strips of
-# EPI_COLS columns (16 where tile_n is not a multiple of 32) as high as the tiled MMA, each
-# through one of EPI_BUFFERS shared-memory buffers per tile owner.
-EPI_COLS = 32
-EPI_BUFFERS = 2
+__all__ = ["HopperGemm"]
+
 EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
 # Ping-pong: warpgroup g's epilogue barrier is EPILOGUE_BARRIER + g; "warpgroup g may start
 # its main loop" is MAIN_LOOP_TURN + g (bar.sync by g, bar.arrive by the other).
 MAIN_LOOP_TURN = 3
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232, 3: 152}  # keeps (C * consumer + producer) * 128 <= 64 Ki
-# fp32 accumulators a consumer thread may hold (promotion included), by consumer warpgroups:
-# what their CONSUMER_REGS leave beside addresses, pipeline state and the epilogue's values.
-MAX_ACC_PER_THREAD = {1: 128, 2: 128, 3: 96}
-SPLITS = (1, 2, 4, 8)  # cluster (1, 1, S): at most 8 CTAs is portable
-PERSISTENT_CTAS = 132  # CTAs a persistent grid launches at most (H100/H200 SXM SMs)
-
-
-def staged_bytes(out_tile: tuple[int, int], elem_bytes: int) -> int:
-    """Shared memory of the staged out tile (padded rows)."""
-    return out_tile[0] * (out_tile[1] + OUT_PAD) * elem_bytes
-
-
-def stage_bytes(tile_m: int, tile_n: int, tile_k: int, elem_bytes: int) -> int:
-    """Shared memory of one pipeline stage: one A tile and one B tile."""
-    return (tile_m + tile_n) * tile_k * elem_bytes
+# The fp32 accumulators these leave a consumer thread: resources.MAX_ACC_PER_THREAD.
 
 
 class HopperGemm:
@@ -218,7 +219,7 @@ class HopperGemm:
         self.acc_dtype = Float32
         self.out_dtype = BFloat16
         # 4 wgmma k-steps per tile: 128-byte rows (k 16 for bf16, 32 for fp8 per wgmma).
-        self.tile_k = 64 if ab_dtype.width == 16 else 128
+        self.tile_k = TILE_K[FP8_DTYPE if self.scaled else BF16_DTYPE]
         self.tile_shape_mnk = (tile_m, tile_n, self.tile_k)
         self.cluster_mn = tuple(cluster_mn)
         self.stages = int(stages)
@@ -232,16 +233,14 @@ class HopperGemm:
         # A persistent CTA stages its epilogue outside the operand slots (being refilled);
         # ping-pong warpgroups each have their own buffers. In out's own order (no swap) it
         # goes out by TMA stores of column strips, so only two strips need shared memory.
-        self.tma_store = persistent and aligned_n and not swap_ab and tile_n % 16 == 0
+        # (resources: stores_by_tma, staging_bytes; stages_for leaves room for it.)
+        self.tma_store = stores_by_tma(tile_n, persistent, swap_ab, aligned_n)
         # A strip spans the tiled MMA's rows (64 per warpgroup sharing the tile: ping-pong's
         # 128-row tile is two strips high), so its values are consecutive in the retiled
         # fragment (_epilogue_tma).
         rows = 64 * self.tile_warpgroups
-        self.epi_tile = (rows, EPI_COLS if tile_n % EPI_COLS == 0 else 16)
-        if self.tma_store:
-            self.staging_bytes = EPI_BUFFERS * rows * self.epi_tile[1] * 2
-        else:
-            self.staging_bytes = staged_bytes(self.out_tile, 2) if persistent and aligned_n else 0
+        self.epi_tile = (rows, strip_cols(tile_n))
+        self.staging_bytes = staging_bytes(tile_m, tile_n, persistent, swap_ab, pingpong, aligned_n)
         self.epilogue_bytes = self.staging_bytes * (2 if self.pingpong else 1)
         need = self.stages * stage_bytes(tile_m, tile_n, self.tile_k, ab_dtype.width // 8)
         reserve = BARRIER_RESERVE * (2 if self.pingpong else 1)
@@ -261,8 +260,8 @@ class HopperGemm:
         self.swap_ab = bool(swap_ab)
         self.split_k = int(split_k)
         self.promote = bool(promote)
-        per_thread = tile_m * tile_n // (self.tile_warpgroups * WARPGROUP)
-        budget = MAX_ACC_PER_THREAD[self.mma_warpgroups]
+        per_thread = accumulators_per_thread(tile_m, tile_n, self.pingpong)
+        budget = accumulator_budget(tile_m, self.pingpong)
         if per_thread * (2 if self.promote else 1) > budget:
             raise ValueError(
                 f"HopperGemm: a {tile_m}x{tile_n} tile has {per_thread} accumulators per thread"
@@ -402,7 +401,7 @@ class HopperGemm:
         if cutlass.const_expr(self.persistent):
             # One row of clusters along x, each walking cluster tiles (kernel: _tiles_to_walk).
             clusters = (grid_m // cluster_m) * (grid_n // cluster_n)
-            per_wave = PERSISTENT_CTAS // (cluster_m * cluster_n)
+            per_wave = SMS // (cluster_m * cluster_n)
             grid_m = cutlass.min(clusters, per_wave) * cluster_m
             grid_n = cluster_n
         self.kernel(
