@@ -263,6 +263,7 @@ def test_kill_9_while_linking_leaves_nothing_that_the_next_build_keeps(tmp_path,
     assert leftovers(env, out) == []
 
 
+@pytest.mark.slow
 def test_kill_9_while_writing_the_bundle_leaves_nothing_that_the_next_build_keeps(tmp_path, env):
     out = tmp_path / "bundles"
     build = start(env, out, *ROUTER_SM90, wrap=hold_fsync(60))
@@ -283,6 +284,7 @@ def test_kill_9_while_writing_the_bundle_leaves_nothing_that_the_next_build_keep
     assert sorted(p.name for p in out.iterdir()) == [BUNDLE, "default.build-report.json"]
 
 
+@pytest.mark.slow
 def test_a_build_never_removes_a_live_concurrent_builds_files(tmp_path, env):
     out, gate = tmp_path / "bundles", tmp_path / "gate"
     linking = start(gated(env, gate, at=0), out, *ROUTER_SM90)  # its objects in TMPDIR
@@ -342,6 +344,7 @@ def test_a_signal_ends_the_build_and_its_compile_workers(tmp_path, env, signum):
 # -- 5. a build of other families ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_build_of_other_families_never_silently_replaces_a_bundle(tmp_path, env):
     out = tmp_path / "bundles"
     status, output = run(env, out, "--families", "router_gemm,gemm_sm90", "--arch", "sm90a")

@@ -219,6 +219,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_pip_installed_wheels_are_found_with_nothing_configured(stub_bundles, wheels, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)

@@ -113,6 +113,7 @@ def test_a_closure_cannot_be_replayed_and_says_why():
         describe_call(cute.compile, local, (None,), {})
 
 
+@pytest.mark.slow
 def test_several_processes_record_each_distinct_call_once(tmp_path):
     """Six processes append the same five calls, in different orders, at once."""
     record = tmp_path / "calls.jsonl"

@@ -431,6 +431,7 @@ def test_a_callers_mistake_is_not_chained_to_an_internal_lookup(router_op):
     assert info.value.__context__ is None and info.value.__cause__ is None
 
 
+@pytest.mark.slow
 def test_sixteen_processes_load_one_bundle_into_an_empty_cache(stub_bundles, tmp_path):
     _, paths, plan = stub_bundles
     bundle = next(p for p in paths if "sm_90a" in p.name)

@@ -175,6 +175,7 @@ def test_a_hardware_query_is_answered_by_the_profile_and_recorded_with_it(tmp_pa
     )
 
 
+@pytest.mark.slow
 def test_cpu_tensors_stay_real_cuda_ones_are_fake_on_every_thread_and_questions_are_named(tmp_path):
     """Each question no profile answers raises Unanswerable naming it and the program's own line;
     the summary at exit lists each with its site, and the report counts them."""
