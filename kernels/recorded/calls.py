@@ -151,7 +151,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     arch = compile_options.get("GPUArch") or None
     env_streams |= _env_stream_defaults(target) - bound.keys()
     if env_streams:  # in the signature's order, as the DSL's spec names them
-        env_streams = [name for name in flags if name in env_streams]
+        env_streams = [param for param in flags if param in env_streams]
     signature = _wrapper_spec(target, tuple(env_streams))
     return Call(identity, signature, arch, tuple(arguments))
 
