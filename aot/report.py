@@ -1,18 +1,28 @@
 """The build report: per key its status, compile time and object size, as JSON next to the
 bundles and as rich tables on the terminal. Bundles are described as this build wrote them, never
-by re-reading their files: another build into the same folder may have replaced one since."""
+by re-reading their files: another build into the same folder may have replaced one since.
+
+Also what a command that writes bundles says around it: the plan it is about to build, and when
+done (`finish`) the report, the summary, the build cache's use, and the keys that failed."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from cute_aot.aot.build import BuildOutcome, WrittenBundle
+from cute_aot.aot.build import BuildOutcome, WrittenBundle, describe_failures
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.artifacts.atomic import atomic_write
+
+if TYPE_CHECKING:
+    from cute_aot.aot.output import Output
+    from cute_aot.aot.shard import Shard
 
 REPORT_FORMAT = 1
 REPORT_SUFFIX = ".build-report.json"
@@ -119,3 +129,69 @@ def print_summary(console: Console, outcome: BuildOutcome) -> None:
             bundle,
         )
     console.print(table)
+
+
+def announce_plan(console: Console, plan: dict[str, list], shard: Shard | None, cache) -> None:
+    """The plan's one line: keys per architecture, a shard's share, the build cache's use."""
+    counts = ", ".join(f"{arch} {len(keys)}" for arch, keys in plan.items())
+    total = sum(len(keys) for keys in plan.values())
+    line = f"plan: {total} keys ({counts})"
+    if shard:
+        line += f"; shard {shard} builds {len(shard.select(list(range(total))))} of them"
+    line += f"; build cache {cache.root}" if cache else "; build cache off"
+    if cache and cache.trusted_keys is not None:
+        line += f" (entries signed by {len(cache.trusted_keys)} trusted key(s) only)"
+    if cache and cache.sign_key is not None:
+        line += "; signing its records"
+    console.print(line)
+
+
+def describe_cache_use(cache: BuildCache) -> str:
+    """`build cache: 3 objects reused, 2 not found, 1 entry refused as untrusted`"""
+    line = f"build cache: {cache.hits} objects reused, {cache.misses} not found"
+    if cache.trusted_keys is None:
+        return line
+    refused = f"{cache.untrusted} {'entry' if cache.untrusted == 1 else 'entries'}"
+    refused += " refused as untrusted"
+    return f"{line}, [yellow]{refused}[/yellow]" if cache.untrusted else f"{line}, {refused}"
+
+
+def finish(console: Console, outcome: BuildOutcome, output: Output, cache, shard=None):
+    """Report, summarise, and fail the command if keys failed (unless allowed)."""
+    report = write_report(
+        report_path(output.out_dir, outcome.name, outcome.shard_folder),
+        outcome,
+        shard=str(shard) if shard else None,
+        cache=cache,
+    )
+    if not output.quiet:
+        print_summary(console, outcome)
+    if cache:
+        console.print(describe_cache_use(cache))
+    if cache and cache.write_error:
+        console.print(f"[yellow]build cache off:[/yellow] {escape(cache.write_error)}")
+    for bundle in outcome.written:  # as written: another build may have written there since
+        console.print(f"wrote {bundle.path} ({bundle.size / 1024:.0f} KiB)")
+    if outcome.shard_folder:
+        console.print(f"wrote shard {shard}: {outcome.shard_folder} (then `aot-build merge`)")
+    console.print(f"report: {report}")
+    for bundle in outcome.written:
+        if bundle.replaced():
+            console.print(
+                f"[yellow]warning: {bundle.path} was replaced by another build since this one "
+                f"wrote it[/yellow] (this build's: sha256 {bundle.sha256}, {bundle.size} bytes; "
+                "the report describes those)"
+            )
+    if not outcome.failed:
+        return
+    # Failures are always listed, allowed or not: a key never goes missing silently.
+    style = "yellow" if output.allow_failures else "red"
+    console.print(f"[{style}]{escape(describe_failures(outcome.failed, len(outcome.rows)))}[/]")
+    written = {path.name for path in outcome.bundles}
+    for arch, count in outcome.incomplete.items():
+        shipped = any(name.endswith(f"-{arch}.cuteaot") for name in written)
+        what = "its bundle holds the other keys" if shipped else "no bundle written"
+        console.print(f"[{style}]{arch}: {count} keys missing, {what}[/]")
+    if not output.allow_failures:
+        console.print("[red]aot-build failed[/red] (--allow-failures ships what compiled)")
+        sys.exit(1)

@@ -505,7 +505,7 @@ def test_model_plan_replaces_the_default_shapes(tmp_path, monkeypatch):
         seen.update(plan)
         raise UnsupportedProblemError("stop here")
 
-    monkeypatch.setattr("cute_aot.aot.cli.run_build", record)
+    monkeypatch.setattr("cute_aot.aot.build_command.run_build", record)
     args = ["--model", "gpt-oss-120b,deepseek-v4-flash", "--arch", "sm_90a,sm_103a", "--no-cache"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1 and "stop here" in result.output

@@ -181,7 +181,8 @@ def test_a_corrupt_bundle_is_refused_and_nothing_written(stub_bundles, tmp_path)
 
 def test_aot_build_wheel_option_writes_them_beside_the_bundles(monkeypatch, tmp_path):
     monkeypatch.setattr(
-        "cute_aot.aot.cli.run_build", functools.partial(build.run_build, worker=stub_compile)
+        "cute_aot.aot.build_command.run_build",
+        functools.partial(build.run_build, worker=stub_compile),
     )
     args = ["--arch", "sm_90a", "--families", "router_gemm", "--no-default-shapes"]
     args += ["--shape", "router_gemm:256,7168", "--no-cache", "--quiet", "--out", str(tmp_path)]

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from cute_aot.aot import binary_info
-from cute_aot.aot.cli import plan_from_misses
+from cute_aot.aot.planning import plan_from_misses
 from cute_aot.artifacts import fatbin as fatbin_format
 from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
 from cute_aot.artifacts.elf import read_dynamic, read_sections

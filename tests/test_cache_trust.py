@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cute_aot.aot import build as build_module
-from cute_aot.aot import cli
+from cute_aot.aot import build_command, cli
 from cute_aot.aot.build import run_build
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.artifacts import signing
@@ -234,7 +234,9 @@ def test_cache_signatures_never_pass_for_manifest_signatures(keys):
 @pytest.fixture
 def aot_build(tmp_path, monkeypatch):
     """`aot-build --from-misses <PLAN's keys> ARGS...` with the stand-in compile worker."""
-    monkeypatch.setattr(cli, "run_build", functools.partial(run_build, worker=fake_compile))
+    monkeypatch.setattr(
+        build_command, "run_build", functools.partial(run_build, worker=fake_compile)
+    )
     monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "default-cache"))
     log = tmp_path / "misses.jsonl"
     log.write_text(

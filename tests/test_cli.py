@@ -77,7 +77,7 @@ def planned(monkeypatch, *args: str) -> tuple[dict[str, list], str]:
         seen.update(plan)
         raise CuteAotError("stop before compiling")
 
-    monkeypatch.setattr("cute_aot.aot.cli.run_build", record)
+    monkeypatch.setattr("cute_aot.aot.build_command.run_build", record)
     result = CliRunner().invoke(main, [*args, "--no-cache", "--quiet"])
     assert result.exit_code == 1, result.output
     assert "stop before compiling" in result.output

@@ -344,7 +344,7 @@ def test_keys_from_flashinfers_autotuning_file_are_the_ones_it_then_asks_for(gpu
 
 def _planned_keys(tuning_file, options) -> dict:
     """The keys `aot-build --arch sm100a --flashinfer-tuned FILE OPTIONS` would compile."""
-    from cute_aot.aot import cli
+    from cute_aot.aot import build_command, cli
 
     class Planned(Exception):
         pass
@@ -353,7 +353,7 @@ def _planned_keys(tuning_file, options) -> dict:
         raise Planned(plan)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cli, "run_build", run_build)
+        patch.setattr(build_command, "run_build", run_build)
         result = CliRunner().invoke(
             cli.main, ["--arch", "sm100a", "--flashinfer-tuned", str(tuning_file), *options]
         )

@@ -19,7 +19,7 @@ import warnings
 import pytest
 from click.testing import CliRunner
 
-from cute_aot.aot.cli import plan_from_misses
+from cute_aot.aot.planning import plan_from_misses
 from cute_aot.artifacts.miss_log import read_misses
 from cute_aot.kernels import family
 from cute_aot.runtime import misses, process_files

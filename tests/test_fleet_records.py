@@ -49,7 +49,7 @@ def _record(block: int, device: dict | None = None, site: str = "server.py:1") -
 
 
 def _plan(source):
-    from cute_aot.aot.cli import plan_from_record
+    from cute_aot.aot.planning import plan_from_record
 
     return plan_from_record(source, (), Console(file=open(os.devnull, "w"), width=200))
 

@@ -158,7 +158,7 @@ def test_aot_build_refuses_the_older_router_order_with_the_fix(monkeypatch, tmp_
     def accepted(*args, **kwargs):  # stop before compiling rather than build every default key
         raise AssertionError(f"{shape} was accepted")
 
-    monkeypatch.setattr("cute_aot.aot.cli.run_build", accepted)
+    monkeypatch.setattr("cute_aot.aot.build_command.run_build", accepted)
     args = ["--shape", shape, "--out", str(tmp_path / "out"), "--no-cache"]
     result = CliRunner().invoke(aot_build, args)
     assert result.exit_code == 2

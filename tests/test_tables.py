@@ -291,7 +291,7 @@ def _cli_build(monkeypatch, tmp_path, *args) -> Path:
     from cute_aot.aot.cli import main as aot_build
 
     stub_run = functools.partial(build_module.run_build, worker=stub_compile)
-    monkeypatch.setattr("cute_aot.aot.cli.run_build", stub_run)
+    monkeypatch.setattr("cute_aot.aot.build_command.run_build", stub_run)
     out = tmp_path / "out"
     result = CliRunner().invoke(
         aot_build,

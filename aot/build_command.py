@@ -1,0 +1,123 @@
+"""What `aot-build` and `aot-build merge` do once their options are parsed: plan the keys
+(planning.py), build them or link the shards (build.py), report (report.py), check that the build
+reproduces, sign the bundles (build_signing.py) and write their wheels. A failure raises
+(CuteAotError, OSError, Stopped); the command line (cli.py) turns it into the exit status."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from cute_aot.aot import reproducible
+from cute_aot.aot.build import BuildOutcome, merge, run_build
+from cute_aot.aot.build_cache import BuildCache
+from cute_aot.aot.build_signing import sign_bundles
+from cute_aot.aot.output import Output
+from cute_aot.aot.planning import plan_keys
+from cute_aot.aot.report import announce_plan, finish
+from cute_aot.aot.shard import Shard
+from cute_aot.aot.wheel import write_wheels
+from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.kernels.contract import Shape
+
+
+def build(
+    console: Console,
+    output: Output,
+    *,
+    archs: list[str],
+    shapes: dict[str, list[Shape]],
+    no_default_shapes: bool,
+    tables_file: str | None,
+    all_tactics: bool,
+    tuning_caches: Sequence[Path],
+    models: list[str],
+    model_configs: Sequence[Path],
+    named_families: list[str],
+    name: str,
+    bundle_version: str | None,
+    jobs: int | None,
+    misses_file: str | None,
+    record_file: str | None,
+    shard: Shard | None,
+    check_reproducible: bool,
+    write_wheel: bool,
+) -> None:
+    """`aot-build`: plan the keys, build them into one bundle per architecture (or build one
+    --shard of them), report; then, if asked, rebuild to check the bundles reproduce, sign them
+    and write their wheels."""
+    bundle_signer = output.bundle_signer()  # read first: a bad key fails before compiling
+    cache = output.cache()
+    plan, tables, left_out = plan_keys(
+        console,
+        archs=archs,
+        shapes=shapes,
+        no_default_shapes=no_default_shapes,
+        tables_file=tables_file,
+        all_tactics=all_tactics,
+        tuning_caches=tuning_caches,
+        models=models,
+        model_configs=model_configs,
+        named_families=named_families,
+        misses_file=misses_file,
+        record_file=record_file,
+    )
+    announce_plan(console, plan, shard, cache)
+    kwargs = {"bundle_version": bundle_version} if bundle_version else {}
+
+    def build_into(out_dir: Path, cache: BuildCache | None) -> BuildOutcome:
+        return run_build(
+            plan,
+            out_dir,
+            name=name,
+            jobs=jobs,
+            cache=cache,
+            allow_failures=output.allow_failures,
+            shard=shard,
+            show_progress=not output.quiet,
+            tables=tables,
+            record_tables=not (misses_file or record_file),
+            **kwargs,
+        )
+
+    outcome = build_into(output.out_dir, cache)
+    finish(console, outcome, output, cache, shard)
+    if check_reproducible:
+        console.print("checking reproducibility: building again from scratch (no cache)")
+        started = time.perf_counter()
+        reproducible.check_reproducible(outcome.bundles, lambda f: build_into(f, None))
+        console.print(
+            f"reproducible: a clean rebuild wrote {len(outcome.bundles)} byte-identical "
+            f"bundles ({time.perf_counter() - started:.1f} s)"
+        )
+    if bundle_signer:  # last: the reproducibility check compares unsigned builds
+        sign_bundles(console, outcome.written, bundle_signer)
+    if write_wheel and outcome.written:  # after signing: wheels hold bundles as shipped
+        write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
+    if left_out:
+        raise CuteAotError(
+            f"{len(left_out)} recorded call(s) of {record_file} not built (listed above)"
+        )
+
+
+def merge_shards(
+    console: Console, shards: Sequence[Path], output: Output, write_wheel: bool
+) -> None:
+    """`aot-build merge`: link the shards' objects into bundles, report, sign, write wheels."""
+    bundle_signer = output.bundle_signer()
+    cache = output.cache()
+    outcome = merge(list(shards), output.out_dir, cache=cache, allow_failures=output.allow_failures)
+    finish(console, outcome, output, cache)
+    if bundle_signer:
+        sign_bundles(console, outcome.written, bundle_signer)
+    if write_wheel and outcome.written:
+        write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
+
+
+def write_wheel_files(console: Console, bundles, out_dir: Path, **naming) -> None:
+    """One pip-installable wheel per architecture of these bundles (aot/wheel.py), each said."""
+    for wheel in write_wheels(bundles, out_dir, **naming):
+        console.print(f"wrote {wheel.path} (holds {', '.join(wheel.bundles)})")

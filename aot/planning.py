@@ -1,0 +1,277 @@
+"""What to build: {arch: keys} from `aot-build`'s parsed options (architectures, families,
+shapes, models, tables), from servers' miss logs (--from-misses) or from recorded calls
+(--from-record); what is left out, and why, is said on the console."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cute_aot.aot import models as model_shapes
+from cute_aot.aot.build import BuildPlan, buildable_families, keys_by_arch
+from cute_aot.artifacts import terminal
+from cute_aot.artifacts.errors import CuteAotError, TableError
+from cute_aot.kernels import families, family
+from cute_aot.kernels.arch import normalize_arch
+from cute_aot.kernels.contract import Shape
+from cute_aot.kernels.tables import read_tables
+
+DEFAULT_ARCHS = ("sm_90a", "sm_100a")
+
+
+def plan_keys(
+    console: Console,
+    *,
+    archs: list[str],
+    shapes: dict[str, list[Shape]],
+    no_default_shapes: bool,
+    tables_file: str | None,
+    all_tactics: bool,
+    tuning_caches: Sequence[Path],
+    models: list[str],
+    model_configs: Sequence[Path],
+    named_families: list[str],
+    misses_file: str | None,
+    record_file: str | None,
+) -> tuple[dict[str, list], dict | None, list[tuple]]:
+    """({arch: keys} to build, the tables they were enumerated with, the recorded calls left out)
+    of `aot-build`'s options: the recorded calls, the logged misses, or else the plan of the
+    architectures, families, shapes and models asked for."""
+    # The tables keys were enumerated with, recorded in the bundles; keys from a miss log
+    # were asked for with whatever table those servers had, so such bundles record none
+    # (and never decide a server's dispatch table).
+    tables: dict | None = None
+    left_out: list = []
+    if record_file:
+        plan, left_out = plan_from_record(record_file, archs, console)
+        plan = keys_by_arch(plan)
+    elif misses_file:
+        plan = keys_by_arch(plan_from_misses(misses_file, archs, named_families, console))
+    else:
+        build_plan = _plan(
+            console, archs, shapes, no_default_shapes, models, model_configs, named_families
+        )
+        build_plan.all_tactics = all_tactics
+        build_plan.tuning_caches = list(tuning_caches)
+        if tables_file:
+            build_plan.tables = _read_build_tables(console, tables_file, build_plan)
+        tables = build_plan.tables
+        plan = keys_by_arch(build_plan)
+        _say_archs_without_keys(console, build_plan.archs, plan)
+    return plan, tables, left_out
+
+
+def plan_from_misses(
+    path, archs, named_families, console: Console | None = None
+) -> dict[str, list]:
+    """{arch: keys} of a miss log (a file, a folder or a URL prefix: every server's), each key
+    once per arch, optionally narrowed to some architectures and families.
+
+    Misses this machine cannot build (a family not installed here, an architecture the family
+    is not built for, a key of another family version) are skipped, and said so per family.
+    """
+    from cute_aot.artifacts.miss_log import read_misses
+
+    wanted_archs = {normalize_arch(arch) for arch in archs}
+    installed = families()
+    plan: dict[str, set] = {}
+    skipped: Counter[tuple[str, str]] = Counter()  # (family, why) -> misses
+    for record in read_misses(path):
+        name = record["family"]
+        if named_families and name not in named_families:
+            continue
+        arch = normalize_arch(record["arch"])
+        if wanted_archs and arch not in wanted_archs:
+            continue
+        if name not in installed:
+            skipped[(name, "not installed here")] += 1
+            continue
+        if not installed[name].supports(arch):
+            skipped[(name, f"not built for {arch}")] += 1
+            continue
+        try:
+            key = installed[name].Key.from_fields(record["key"])
+        except (TypeError, ValueError):
+            skipped[(name, f"keys of another version than v{installed[name].version}")] += 1
+            continue
+        plan.setdefault(arch, set()).add(key)
+    console = console or terminal.console(stderr=True)
+    for (name, why), count in sorted(skipped.items()):
+        console.print(f"[yellow]skipping {count} misses of family {name!r}:[/yellow] {why}")
+    if not plan:
+        raise CuteAotError(f"{path}: no misses to build (for the requested archs/families)")
+    return {arch: sorted(keys, key=lambda key: key.symbol) for arch, keys in sorted(plan.items())}
+
+
+def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], list[tuple]]:
+    """({arch: keys}, [(call site, target, arch, why not)]) of records (runtime/record.py: a
+    file, a folder or a URL prefix), each distinct kernel once, keys in record order (keys_by_arch
+    orders them): each replayable call for every architecture asked (default: the one it was
+    recorded on). A call recorded with hardware answers is replayed only for the architecture
+    that gave them; recorded on GPUs that answer otherwise, it is one kernel per answer (the
+    answers are part of the key id), built side by side."""
+    from cute_aot.kernels.recorded import RecordedCallKey, read_records
+
+    wanted = [normalize_arch(arch) for arch in archs]
+    plan: dict[str, dict] = {}
+    left_out: list[tuple] = []
+    distinct: set[str] = set()
+    records = read_records(source)
+    files = len({where for where, _ in records})
+    console.print(f"records: {len(records)} from {files} file(s) in {source}")
+    for _, record in records:
+        site, target = record.get("site", "?"), record.get("target", "?")
+        if not record.get("recreatable") or record.get("servable") is False:
+            left_out.append((site, target, record.get("arch") or "-", record.get("reason")))
+            continue
+        key = RecordedCallKey.from_fields(record["key"])
+        distinct.add(key.id)
+        recorded_arch = normalize_arch(record["arch"]) if record.get("arch") else None
+        for arch in wanted or [recorded_arch]:
+            if arch is None:
+                left_out.append(
+                    (site, target, "-", "recorded without an architecture: name one with --arch")
+                )
+            elif key.hardware and arch != recorded_arch:
+                left_out.append(
+                    (
+                        site,
+                        target,
+                        arch,
+                        f"its trace asked the {recorded_arch} GPU "
+                        f"for {', '.join(sorted(key.hardware))}: replayable there only",
+                    )
+                )
+            else:
+                plan.setdefault(arch, {}).setdefault(key.id, key)
+    if left_out:
+        table = Table(title=f"{len(left_out)} recorded call(s) not built", show_lines=False)
+        for column in ("call site", "target", "arch", "why"):
+            table.add_column(column, overflow="fold")
+        for row in left_out:
+            table.add_row(*map(str, row))
+        console.print(table)
+    plan = {arch: keys for arch, keys in plan.items() if keys}
+    if not plan:
+        raise CuteAotError(f"{source}: no recorded call to build")
+    console.print(f"records: {len(distinct)} distinct kernel(s)")
+    return {arch: list(keys.values()) for arch, keys in plan.items()}, left_out
+
+
+def _read_build_tables(console: Console, path: str, plan: BuildPlan) -> dict:
+    """(family, arch) -> Table from a tables file; a table the build has no use for is said."""
+    chosen = {}
+    for table in read_tables(path):
+        arch = normalize_arch(table.arch)
+        if table.family not in plan.families or arch not in map(normalize_arch, plan.archs):
+            console.print(f"{path}: {table.family} table for {arch} not used (not in this build)")
+            continue
+        if family(table.family).default_table(arch) is None:
+            raise TableError(path, f"{table.family} reads no dispatch table")
+        chosen[(table.family, arch)] = table
+        console.print(f"{table.family} on {arch}: {table.describe()}")
+    return chosen
+
+
+def _plan(
+    console: Console,
+    archs: list[str],
+    shapes: dict[str, list[Shape]],
+    no_default_shapes: bool,
+    models: list[str],
+    model_configs: list[Path],
+    named_families: list[str],
+) -> BuildPlan:
+    archs = list(dict.fromkeys(normalize_arch(arch) for arch in archs or DEFAULT_ARCHS))
+    selected = _select_families(console, archs, named_families, shapes)
+    chosen = [model_shapes.preset(name) for name in models]
+    chosen += [model_shapes.model_from_config(path) for path in model_configs]
+    extra: dict[str, list[Shape]] = {}
+    for model in chosen:
+        found = model_shapes.shapes_for_models([model], [family(name) for name in selected])
+        console.print(f"model {model.name}: {_describe_shapes(found)}")
+        _add_shapes(extra, found)
+    _add_shapes(extra, shapes)
+    return BuildPlan(
+        archs=archs,
+        families=selected,
+        extra_shapes=extra,
+        # A model build is that model's shapes; the defaults are themselves model shapes.
+        default_shapes=not (no_default_shapes or chosen),
+    )
+
+
+def _select_families(
+    console: Console, archs: list[str], named: list[str], shapes: dict[str, list[Shape]]
+) -> list[str]:
+    """The families to build: the named ones (default: every installed one), each for the
+    requested architectures it supports. A family asked for by name (--families, or a --shape
+    of its own) that supports none of them is an error; any other is skipped, and said so."""
+    outside = [name for name in shapes if named and name not in named]
+    if outside:
+        raise click.UsageError(
+            f"--shape for {', '.join(outside)}, which --families leaves out "
+            f"(--families {','.join(named)})"
+        )
+    explicit = set(named) | set(shapes)
+    for name in explicit:
+        why = family(name).missing_requirements()
+        if why:
+            raise click.UsageError(why)
+    if not named:
+        for name, found in families().items():
+            if found.missing_requirements():
+                console.print(f"family {name}: skipped ({found.missing_requirements()})")
+    named = named or buildable_families()
+    skips = BuildPlan(archs, named).skipped_archs()
+    selected = []
+    for name in named:
+        supports, skipped = family(name).archs, skips.get(name, [])
+        if len(skipped) < len(archs):
+            selected.append(name)
+            if skipped:
+                console.print(
+                    f"family {name}: skipping {', '.join(skipped)} "
+                    f"(built for {', '.join(supports)} only)"
+                )
+        elif name in explicit:
+            raise click.UsageError(
+                f"family {name} is built for {', '.join(supports)}, none of the requested "
+                f"architectures ({', '.join(archs)})"
+            )
+        else:
+            console.print(
+                f"family {name}: skipped (built for {', '.join(supports)}, none requested)"
+            )
+    if not selected:
+        raise CuteAotError(f"nothing to build: no kernel family supports {', '.join(archs)}")
+    return selected
+
+
+def _add_shapes(into: dict[str, list[Shape]], shapes: dict[str, list[Shape]]) -> None:
+    for name, new in shapes.items():
+        found = into.setdefault(name, [])
+        found += [shape for shape in new if shape not in found]
+
+
+def _describe_shapes(shapes: dict[str, list[Shape]]) -> str:
+    """`fam 7168,256 4096,256; other (none)`"""
+    return "; ".join(
+        f"{name} {' '.join(','.join(map(str, shape)) for shape in found) or '(none)'}"
+        for name, found in shapes.items()
+    )
+
+
+def _say_archs_without_keys(console: Console, archs: list[str], plan: dict[str, list]) -> None:
+    """An architecture can end up with no keys (its families were skipped, or none has shapes
+    for it): it gets no bundle, and the operator is told rather than left to wonder."""
+    for arch in archs:
+        if arch not in plan:
+            console.print(f"{arch}: no keys for this architecture, no bundle")
+    if not plan:
+        raise CuteAotError("nothing to build: the plan has no keys (shapes, families, archs?)")
