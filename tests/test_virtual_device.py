@@ -220,6 +220,35 @@ def test_an_unknown_profile_stops_the_program_before_it_runs(tmp_path):
     assert not _lines(done)  # nothing ran as if on a real GPU
 
 
+@pytest.mark.slow
+def test_an_autotuner_stages_inputs_by_copy_and_a_copy_to_the_host_is_named(tmp_path):
+    """What FlashInfer's autotuner does before it times (and timing then is unanswerable): ask
+    whether a CUDA graph is capturing, and copy inputs into CUDA buffers. A copy back to host
+    memory would read device values: it is named, with its line."""
+    _needs_the_dsl_and_torch()
+    probe = (
+        "import json, torch\n"
+        "x = torch.empty(4, 8, device='cuda')\n"
+        "x.copy_(torch.ones(4, 8))\n"
+        "y = torch.empty(4, 8, device='cuda', dtype=torch.bfloat16).copy_(x)\n"
+        "print(json.dumps({'capturing': torch.cuda.is_current_stream_capturing(),\n"
+        "                  'copied': [type(y).__name__, str(y.device), list(y.shape)]}))\n"
+        "torch.ones(4, 8).copy_(x)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=_env(tmp_path, CUTE_AOT_VIRTUAL="h200"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr  # the last line asked the device
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen == {"capturing": False, "copied": ["FakeTensor", "cuda:0", [4, 8]]}
+    assert "Unanswerable: virtual GPU h200: copying a CUDA tensor into host memory" in done.stderr
+    assert 'File "<string>", line 7' in done.stderr
+
+
 def test_the_libraries_caches_live_in_a_folder_of_the_process_removed_at_exit(tmp_path):
     probe = (
         "import os, json; print(json.dumps({n: os.environ.get(n) for n in "

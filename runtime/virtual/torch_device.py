@@ -188,6 +188,8 @@ def _answers(profile) -> dict:
         "get_device_name": lambda device=None: profile.device_name,
         "get_arch_list": lambda: [profile.arch.removesuffix("a")],
         "synchronize": nothing(),
+        # nothing is ever captured into a CUDA graph here (autotuners ask before they time)
+        "is_current_stream_capturing": lambda: False,
         "current_stream": current_stream,
         "default_stream": lambda device=None: _default_stream,
         "set_stream": set_stream,
@@ -358,6 +360,22 @@ def _index_through_meta() -> None:
 
     FakeTensor.__getitem__ = getitem
     FakeTensor.__setitem__ = setitem
+    # Copying into a CUDA tensor (an autotuner staging its inputs) takes the guard as well: the
+    # copy is checked on meta twins, as torch checks it, and the fake destination stays as it is.
+    copy = torch.Tensor.copy_
+
+    def copied(self, src, non_blocking=False):
+        reads = isinstance(src, torch.Tensor) and src.device.type == "cuda"
+        if self.device.type != "cuda" and not reads:
+            return copy(self, src, non_blocking)
+        if self.device.type != "cuda":
+            raise unanswerable(
+                "copying a CUDA tensor into host memory", "a host read of device memory"
+            )
+        copy(twin(self), twin(src))
+        return self
+
+    torch.Tensor.copy_ = copied
     # Moving to the GPU takes the guard too: torch.tensor(data, device="cuda"), x.to("cuda"),
     # x.cuda() are made on the CPU, then as a fake CUDA tensor of the same layout.
     for name in ("tensor", "as_tensor"):
