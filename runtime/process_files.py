@@ -26,7 +26,7 @@ from cute_aot.artifacts.miss_log import MAX_LOG_BYTES, rotated_path
 from cute_aot.runtime.at_exit import on_exit
 from cute_aot.runtime.notices import warn_once
 
-__all__ = ["ProcessFile", "append_line", "host", "is_prefix", "process_file"]
+__all__ = ["ProcessFile", "append_line", "discard", "host", "is_prefix", "process_file"]
 
 FLUSH_INTERVAL_S = 10.0  # a prefix gets each process's file at most this often
 EXIT_FLUSH_S = 5.0  # the last write delays a process's exit at most this long (a dead store)
@@ -57,6 +57,7 @@ class ProcessFile:
         self.failures = 0
         self.changed = threading.Condition()
         self.wake = threading.Event()
+        self.ended = False
         threading.Thread(target=self._run, name=f"cute-aot-{what}", daemon=True).start()
 
     def add(self, record: bytes) -> None:
@@ -68,7 +69,7 @@ class ProcessFile:
             self.size += len(record)
 
     def _run(self) -> None:
-        while True:
+        while not self.ended:
             self._write()
             self.wake.wait(FLUSH_INTERVAL_S)
             self.wake.clear()
@@ -96,7 +97,9 @@ class ProcessFile:
             self.changed.notify_all()
 
     def close(self) -> None:
-        """At exit: one last write, waited for at most EXIT_FLUSH_S."""
+        """At exit: one last write, waited for at most EXIT_FLUSH_S (none once discarded)."""
+        if self.ended:
+            return
         with self.changed:
             failures = self.failures
             self.wake.set()
@@ -160,6 +163,17 @@ def process_file(prefix: str, what: str, suffix: str = ".jsonl") -> ProcessFile:
             found = _files[prefix, what] = ProcessFile(prefix, what, suffix)
             on_exit(found.close)
         return found
+
+
+def discard(prefix: str, what: str) -> None:
+    """Stop this process's file for `what` under `prefix` without writing it again: what it
+    holds is dropped (tests that point a writer at a store that is gone; a server never needs
+    it)."""
+    with _lock:
+        found = _files.pop((prefix, what), None)
+    if found is not None:
+        found.ended = True
+        found.wake.set()
 
 
 def _after_fork() -> None:
