@@ -16,32 +16,21 @@ from cute_aot.aot.build import BuildOutcome, merge, run_build
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.aot.build_signing import sign_bundles
 from cute_aot.aot.output import Output
-from cute_aot.aot.planning import plan_keys
+from cute_aot.aot.planning import PlanRequest, plan_keys
 from cute_aot.aot.report import announce_plan, finish
 from cute_aot.aot.shard import Shard
 from cute_aot.aot.wheel import write_wheels
 from cute_aot.artifacts.errors import CuteAotError
-from cute_aot.kernels.contract import Shape
 
 
 def build(
     console: Console,
     output: Output,
+    request: PlanRequest,
     *,
-    archs: list[str],
-    shapes: dict[str, list[Shape]],
-    no_default_shapes: bool,
-    tables_file: str | None,
-    all_tactics: bool,
-    tuning_caches: Sequence[Path],
-    models: list[str],
-    model_configs: Sequence[Path],
-    named_families: list[str],
     name: str,
     bundle_version: str | None,
     jobs: int | None,
-    misses_file: str | None,
-    record_file: str | None,
     shard: Shard | None,
     check_reproducible: bool,
     write_wheel: bool,
@@ -51,20 +40,7 @@ def build(
     and write their wheels."""
     bundle_signer = output.bundle_signer()  # read first: a bad key fails before compiling
     cache = output.cache()
-    plan, tables, left_out = plan_keys(
-        console,
-        archs=archs,
-        shapes=shapes,
-        no_default_shapes=no_default_shapes,
-        tables_file=tables_file,
-        all_tactics=all_tactics,
-        tuning_caches=tuning_caches,
-        models=models,
-        model_configs=model_configs,
-        named_families=named_families,
-        misses_file=misses_file,
-        record_file=record_file,
-    )
+    plan, tables, left_out = plan_keys(console, request)
     announce_plan(console, plan, shard, cache)
     kwargs = {"bundle_version": bundle_version} if bundle_version else {}
 
@@ -79,7 +55,7 @@ def build(
             shard=shard,
             show_progress=not output.quiet,
             tables=tables,
-            record_tables=not (misses_file or record_file),
+            record_tables=not request.exact,
             **kwargs,
         )
 
@@ -99,7 +75,7 @@ def build(
         write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
     if left_out:
         raise CuteAotError(
-            f"{len(left_out)} recorded call(s) of {record_file} not built (listed above)"
+            f"{len(left_out)} recorded call(s) of {request.record_file} not built (listed above)"
         )
 
 

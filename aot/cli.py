@@ -26,7 +26,7 @@ from cute_aot.aot import models as model_shapes
 from cute_aot.aot.build import buildable_families
 from cute_aot.aot.compile_pool import default_jobs
 from cute_aot.aot.output import Output
-from cute_aot.aot.planning import DEFAULT_ARCHS
+from cute_aot.aot.planning import DEFAULT_ARCHS, PlanRequest
 from cute_aot.aot.shard import Shard
 from cute_aot.aot.signals import Stopped, stop_on_signals
 from cute_aot.artifacts import settings, terminal
@@ -412,9 +412,7 @@ def main(
     console = _console()
     stop_on_signals(ctx)
     try:
-        build_command.build(
-            console,
-            output,
+        request = PlanRequest(
             archs=archs,
             shapes=shapes,
             no_default_shapes=no_default_shapes,
@@ -424,11 +422,16 @@ def main(
             models=models,
             model_configs=model_configs,
             named_families=families,
+            misses_file=misses_file,
+            record_file=record_file,
+        )
+        build_command.build(
+            console,
+            output,
+            request,
             name=name,
             bundle_version=bundle_version,
             jobs=jobs,
-            misses_file=misses_file,
-            record_file=record_file,
             shard=shard,
             check_reproducible=check_reproducible,
             write_wheel=write_wheel,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -24,20 +25,31 @@ from cute_aot.kernels.tables import read_tables
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `aot-build` was asked to build, as parsed from its options."""
+
+    archs: list[str]
+    shapes: dict[str, list[Shape]]
+    no_default_shapes: bool
+    tables_file: str | None
+    all_tactics: bool
+    tuning_caches: Sequence[Path]
+    models: list[str]
+    model_configs: Sequence[Path]
+    named_families: list[str]
+    misses_file: str | None
+    record_file: str | None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the keys are exactly the ones a record or a miss log names (the bundles
+        then record no dispatch table: they never decide a server's)."""
+        return bool(self.misses_file or self.record_file)
+
+
 def plan_keys(
-    console: Console,
-    *,
-    archs: list[str],
-    shapes: dict[str, list[Shape]],
-    no_default_shapes: bool,
-    tables_file: str | None,
-    all_tactics: bool,
-    tuning_caches: Sequence[Path],
-    models: list[str],
-    model_configs: Sequence[Path],
-    named_families: list[str],
-    misses_file: str | None,
-    record_file: str | None,
+    console: Console, request: PlanRequest
 ) -> tuple[dict[str, list], dict | None, list[tuple]]:
     """({arch: keys} to build, the tables they were enumerated with, the recorded calls left out)
     of `aot-build`'s options: the recorded calls, the logged misses, or else the plan of the
@@ -47,19 +59,27 @@ def plan_keys(
     # (and never decide a server's dispatch table).
     tables: dict | None = None
     left_out: list = []
-    if record_file:
-        plan, left_out = plan_from_record(record_file, archs, console)
+    if request.record_file:
+        plan, left_out = plan_from_record(request.record_file, request.archs, console)
         plan = keys_by_arch(plan)
-    elif misses_file:
-        plan = keys_by_arch(plan_from_misses(misses_file, archs, named_families, console))
+    elif request.misses_file:
+        plan = keys_by_arch(
+            plan_from_misses(request.misses_file, request.archs, request.named_families, console)
+        )
     else:
         build_plan = _plan(
-            console, archs, shapes, no_default_shapes, models, model_configs, named_families
+            console,
+            request.archs,
+            request.shapes,
+            request.no_default_shapes,
+            request.models,
+            request.model_configs,
+            request.named_families,
         )
-        build_plan.all_tactics = all_tactics
-        build_plan.tuning_caches = list(tuning_caches)
-        if tables_file:
-            build_plan.tables = _read_build_tables(console, tables_file, build_plan)
+        build_plan.all_tactics = request.all_tactics
+        build_plan.tuning_caches = list(request.tuning_caches)
+        if request.tables_file:
+            build_plan.tables = _read_build_tables(console, request.tables_file, build_plan)
         tables = build_plan.tables
         plan = keys_by_arch(build_plan)
         _say_archs_without_keys(console, build_plan.archs, plan)
