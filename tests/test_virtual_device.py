@@ -32,9 +32,10 @@ def _env(tmp_path, **extra) -> dict:
     return env
 
 
-def _program(tmp_path, *args, check=True, **env) -> subprocess.CompletedProcess:
+def _python(tmp_path, *argv, check=True, **env) -> subprocess.CompletedProcess:
+    """`python ARGV` in a fresh process working in `tmp_path`, with `env` for CUTE_AOT_*."""
     done = subprocess.run(
-        [sys.executable, "-m", "tests.user_kernels.torch_program", *args],
+        [sys.executable, *argv],
         env=_env(tmp_path, **env),
         cwd=tmp_path,
         capture_output=True,
@@ -44,6 +45,10 @@ def _program(tmp_path, *args, check=True, **env) -> subprocess.CompletedProcess:
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+def _program(tmp_path, *args, check=True, **env) -> subprocess.CompletedProcess:
+    return _python(tmp_path, "-m", "tests.user_kernels.torch_program", *args, check=check, **env)
 
 
 def _lines(done) -> list[dict]:
@@ -120,29 +125,21 @@ def test_a_virtual_h200_records_the_h200s_keys_and_the_record_builds(tmp_path):
             "sm_90a",
             record["tvm_ffi"],
         )
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cute_aot.aot.cli",
-            "--from-record",
-            str(tmp_path / "rec"),
-            "--arch",
-            "sm90a",
-            "--out",
-            str(tmp_path / "out"),
-            "--name",
-            "virtual",
-            "--quiet",
-            "--no-cache",
-        ],
-        env=_env(tmp_path),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    _python(
+        tmp_path,
+        "-m",
+        "cute_aot.aot.cli",
+        "--from-record",
+        str(tmp_path / "rec"),
+        "--arch",
+        "sm90a",
+        "--out",
+        str(tmp_path / "out"),
+        "--name",
+        "virtual",
+        "--quiet",
+        "--no-cache",
     )
-    assert built.returncode == 0, built.stderr[-3000:]
     (bundle,) = (tmp_path / "out").glob("*.cuteaot")
     assert {entry.key_id for entry in read_manifest(bundle).entries} == set(real)
 
@@ -235,13 +232,7 @@ def test_an_autotuner_stages_inputs_by_copy_and_a_copy_to_the_host_is_named(tmp_
         "                  'copied': [type(y).__name__, str(y.device), list(y.shape)]}))\n"
         "torch.ones(4, 8).copy_(x)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=_env(tmp_path, CUTE_AOT_VIRTUAL="h200"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _python(tmp_path, "-c", probe, check=False, CUTE_AOT_VIRTUAL="h200")
     assert done.returncode == 1, done.stdout + done.stderr  # the last line asked the device
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen == {"capturing": False, "copied": ["FakeTensor", "cuda:0", [4, 8]]}
@@ -254,14 +245,7 @@ def test_the_libraries_caches_live_in_a_folder_of_the_process_removed_at_exit(tm
         "import os, json; print(json.dumps({n: os.environ.get(n) for n in "
         "('FLASHINFER_WORKSPACE_BASE', 'XDG_CACHE_HOME', 'CUTE_DSL_ARCH')}))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=_env(tmp_path, CUTE_AOT_VIRTUAL="b300"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _python(tmp_path, "-c", probe, CUTE_AOT_VIRTUAL="b300")
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["CUTE_DSL_ARCH"] == "sm_103a"  # the profile's, never the DSL's guess
     folder = Path(seen["FLASHINFER_WORKSPACE_BASE"]).parent
@@ -300,18 +284,13 @@ def test_a_test_suite_s_own_failures_are_told_from_the_recorder_s(tmp_path):
     _needs_the_dsl_and_torch()
     (tmp_path / "test_workload.py").write_text(WORKLOAD_TESTS)
     report = tmp_path / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_workload.py"],
-        env=_env(
-            tmp_path,
-            CUTE_AOT_VIRTUAL="h200",
-            CUTE_AOT_RECORD=str(tmp_path / "records") + "/",
-            CUTE_AOT_REPORT=str(report),
-        ),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    done = _python(
+        tmp_path,
+        *("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_workload.py"),
+        check=False,
+        CUTE_AOT_VIRTUAL="h200",
+        CUTE_AOT_RECORD=str(tmp_path / "records") + "/",
+        CUTE_AOT_REPORT=str(report),
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # two tests failed
     failed = json.loads(report.read_text())["failed_tests"]
