@@ -279,10 +279,31 @@ def test_fuzz_manifest(base):
     run()
     counts = tally(base, "manifest")
     assert sum(counts.values()) >= EXAMPLES
-    # the edits reach past the schema into the deeper checks
-    assert {"BundleFormatError", "BundleIntegrityError", "IncompatibleBundleError"} <= set(
-        counts
-    ), counts
+    # the edits reach past the schema into the entry checks; which deeper checks random draws
+    # reach depends on the base manifest (its toolchain fields are this machine's), so the
+    # compatibility checks are reached by the edits below, on every machine
+    assert {"BundleFormatError", "BundleIntegrityError"} <= set(counts), counts
+
+
+@pytest.mark.parametrize(
+    "path, value, error",
+    [
+        (("arch",), "sm_75", "IncompatibleBundleError"),  # an architecture cute-aot does not know
+        (("arch",), "sm_100a", "OtherArchError"),  # known, not this GPU's
+        (("toolchain", "tvm_ffi"), "0.0.1", "IncompatibleBundleError"),  # another ABI series
+        (("toolchain", "tvm_ffi"), None, "IncompatibleBundleError"),  # no version said
+    ],
+)
+def test_manifest_edits_reach_the_compatibility_checks(base, path, value, error):
+    data = json.loads(base.manifest.to_json())
+    *parents, last = path
+    container = data
+    for step in parents:
+        container = container[step]
+    container[last] = value
+    before = base.outcomes.copy()
+    fuzz_manifest(base, data)
+    assert base.outcomes - before == Counter({("manifest", error): 1})
 
 
 @pytest.mark.slow  # thousands of fuzzed bundles: CI runs it, the quick loop does not
