@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cute_aot.artifacts import PACKAGE_VERSION, settings, signing, toolchain
+from cute_aot.artifacts import PACKAGE_VERSION, cache_layout, settings, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.bundle import sha256_file
 from cute_aot.artifacts.errors import SignatureError
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 # Bump when the layout or the meaning of a digest changes: old entries are then never found.
 CACHE_FORMAT = 1
-CACHE_SUBDIR = "build"
+CACHE_SUBDIR = cache_layout.BUILD
 
 # Row fields that describe one run rather than the object: never stored, never part of a digest.
 VOLATILE_ROW_FIELDS = frozenset({"object", "seconds", "status", "error", "traceback", "cached"})

@@ -16,6 +16,8 @@ import re
 from collections import namedtuple
 from pathlib import Path
 
+from cute_aot.artifacts import cache_layout
+
 
 # A namedtuple, not a dataclass: the startup hook imports this module in every process that sets
 # an activating variable, and dataclasses (with inspect) would cost it several ms.
@@ -178,7 +180,7 @@ def cache_dir() -> Path:
 
 def miss_log() -> str:
     """As written (a trailing '/' or a URL means a prefix, which a Path would lose)."""
-    return MISS_LOG.raw() or str(cache_dir() / "misses.jsonl")
+    return MISS_LOG.raw() or str(cache_dir() / cache_layout.MISS_LOG)
 
 
 def host_name() -> str:
@@ -197,7 +199,7 @@ def signature_required() -> bool:
 
 
 def overlay_key() -> Path:
-    return Path(OVERLAY_KEY.raw() or cache_dir() / "keys" / "overlay.pem")
+    return Path(OVERLAY_KEY.raw() or cache_dir() / cache_layout.KEYS / "overlay.pem")
 
 
 def reverify() -> bool:

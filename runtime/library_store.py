@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts import cache_layout, settings
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import SHA256_RE
 from cute_aot.artifacts.errors import BundleFormatError
@@ -49,7 +49,7 @@ def _check_sha(sha256: str) -> None:
 class FolderStore:
     def __init__(self, root: Path):
         self.root = root
-        self.libs = root / "libs"
+        self.libs = root / cache_layout.LIBS
 
     def _target(self, sha256: str) -> Path:
         _check_sha(sha256)

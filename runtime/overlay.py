@@ -20,7 +20,7 @@ import os
 import uuid
 from pathlib import Path
 
-from cute_aot.artifacts import settings, signing, toolchain
+from cute_aot.artifacts import cache_layout, settings, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 from cute_aot.artifacts.errors import BundleError, SignatureError
@@ -36,7 +36,7 @@ REFUSED_MARK = ".refused-"  # <entry>.refused-<random>: set aside, for gc
 
 
 def overlay_root() -> Path:
-    return settings.cache_dir() / "overlay"
+    return settings.cache_dir() / cache_layout.OVERLAY
 
 
 def fingerprint(family: str) -> str:

@@ -12,21 +12,18 @@ late, never a slow or failed call.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import stat
 import threading
 import time
-from pathlib import Path
 
 from cute_aot.artifacts import settings, urls
 from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.artifacts.miss_log import MAX_LOG_BYTES, rotated_path
+from cute_aot.artifacts.json_lines import MAX_LOG_BYTES
 from cute_aot.runtime.at_exit import on_exit
 from cute_aot.runtime.notices import warn_once
 
-__all__ = ["ProcessFile", "append_line", "discard", "host", "is_prefix", "process_file"]
+__all__ = ["ProcessFile", "discard", "host", "is_prefix", "process_file"]
 
 FLUSH_INTERVAL_S = 10.0  # a prefix gets each process's file at most this often
 EXIT_FLUSH_S = 5.0  # the last write delays a process's exit at most this long (a dead store)
@@ -121,33 +118,6 @@ def _replace(target: str, data: bytes) -> None:
         return
     local.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(local, data)  # a temporary name the reader skips, then a rename
-
-
-def append_line(path: Path, record: bytes) -> None:
-    """Append one line to a local log file: on disk when this returns. Past MAX_LOG_BYTES the
-    file is rotated to `<file>.1` (one generation kept; readers read both); it is opened without
-    following links and never blocks on a FIFO; a line that a full disk cut short is closed with
-    a newline before the next one, so that only the torn line is lost."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o644)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        if info.st_size > MAX_LOG_BYTES:
-            os.replace(path, rotated_path(path))  # this descriptor now writes to the rotated one
-            os.close(fd)
-            fd = os.open(path, flags, 0o644)
-            info = os.fstat(fd)
-        if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
-            record = b"\n" + record  # the last record was cut short (a full disk): close it
-        # One write() of one line with O_APPEND: lines from concurrent processes never interleave.
-        written = os.write(fd, record)
-        if written != len(record):
-            raise OSError(errno.ENOSPC, f"record cut short ({written} of {len(record)} bytes)")
-    finally:
-        os.close(fd)
 
 
 _lock = threading.Lock()

@@ -10,7 +10,8 @@ Records are JSON lines, one per distinct call. Each holds the recorded family's 
 example values and the hardware answers a replay needs), the architecture, the call site, and
 for a call that cannot be replayed the reason instead. Where they go:
 
-- a file: every process appends to it, under a file lock, a call already in it not again;
+- a file: every process appends to it, under a file lock, a call already in it not again
+  (the one JSON-lines appender and reader: artifacts/json_lines.py);
 - a folder (a trailing '/', or an existing folder): one file per process, appended to;
 - a URL prefix (s3://bucket/records/, any fsspec protocol): one file per process, written in
   the background and at exit or SIGTERM (runtime/process_files.py).
@@ -32,11 +33,12 @@ from pathlib import Path
 from filelock import FileLock
 
 from cute_aot.artifacts import settings, urls
+from cute_aot.artifacts.json_lines import append_line, objects_after
 from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT, RecordedCallKey, hardware_answers
 from cute_aot.kernels.recorded.calls import signature_mismatch
 from cute_aot.runtime import compile_hook
 from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.process_files import append_line, host, is_prefix, process_file
+from cute_aot.runtime.process_files import host, is_prefix, process_file
 
 __all__ = ["Recorder", "recording"]
 
@@ -109,31 +111,15 @@ class Recorder:
             self._read_others()
             if subject in self._written:
                 return
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
-            self._read_up_to += len(line)
+            # Never rotated: every record is a kernel the next build needs. The line is read
+            # back by the next _read_others (cheap; the offset then counts what was written).
+            append_line(self.path, line, rotate=False)
             self._written.add(subject)
 
     def _read_others(self) -> None:
         """What other processes appended since this one last looked (under the lock)."""
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._read_up_to)
-                for line in handle:
-                    if not line.endswith(b"\n"):
-                        break
-                    self._read_up_to += len(line)
-                    try:
-                        done = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(done, dict):
-                        self._written.add(_subject(done))
-        except FileNotFoundError:
-            pass
+        done, self._read_up_to = objects_after(self.path, self._read_up_to)
+        self._written.update(_subject(record) for record in done)
 
 
 def _subject(record: dict) -> str:

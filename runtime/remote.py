@@ -40,7 +40,7 @@ from pathlib import Path
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
-from cute_aot.artifacts import settings, signing, urls
+from cute_aot.artifacts import cache_layout, settings, signing, urls
 from cute_aot.artifacts.atomic import atomic_write, owner_tag, remove_dead_leftovers
 from cute_aot.artifacts.bundle import (
     BUNDLE_SUFFIX,
@@ -104,13 +104,12 @@ def fetch_bundles(url: str, strict: bool | None = None, offline: bool = True) ->
     fs, root = urls.filesystem(url)
     folder = _cache_folder()
     url_id = hashlib.sha256(url.encode()).hexdigest()[:32]
-    lock = FileLock(folder / "locks" / f"{url_id}.lock", timeout=LOCK_WAIT)
+    lock = FileLock(folder / cache_layout.REMOTE_LOCKS / f"{url_id}.lock", timeout=LOCK_WAIT)
+    index = folder / cache_layout.REMOTE_INDEX / f"{url_id}.json"
     try:
         with lock:  # 8 ranks of a node: one downloads, the others then find its verified copy
             remove_dead_leftovers(folder)
-            return _fetch_locked(
-                url, fs, root, folder, folder / "index" / f"{url_id}.json", strict, offline
-            )
+            return _fetch_locked(url, fs, root, folder, index, strict, offline)
     except LockTimeout:
         raise OSError(
             errno.ETIMEDOUT,
@@ -226,8 +225,8 @@ def _version(info: dict) -> str | None:
 
 # -- copies --------------------------------------------------------------------------------------
 def _cache_folder() -> Path:
-    folder = settings.cache_dir() / "remote"
-    for made in (folder, folder / "index", folder / "locks"):
+    folder = settings.cache_dir() / cache_layout.REMOTE
+    for made in (folder, folder / cache_layout.REMOTE_INDEX, folder / cache_layout.REMOTE_LOCKS):
         made.mkdir(mode=0o700, parents=True, exist_ok=True)
     return folder
 
@@ -320,8 +319,19 @@ def _serve_offline(url: str, entries: list[dict], folder: Path, exc: OSError) ->
 def _read_index(path: Path) -> list[dict]:
     """The index's entries that are well formed (a sha256 names a file); none if unreadable."""
     try:
-        entries = json.loads(path.read_bytes())["objects"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return index_entries(path.read_bytes())
+    except OSError:
+        return []
+
+
+def index_entries(data: bytes) -> list[dict]:
+    """The well-formed entries of an index's bytes (also what `aot-cache gc` keeps copies
+    for); none if they are no index."""
+    try:
+        entries = json.loads(data)["objects"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(entries, list):
         return []
     fields = {"name": str, "url": str, "sha256": str, "size": int}
     return [

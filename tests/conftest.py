@@ -70,6 +70,17 @@ def stub_bundles(tmp_path_factory):
 
 
 @pytest.fixture
+def fake_gpu():
+    """One fake H200 (sm_90a) for the test: the op's own checks run against it, unpatched
+    (tests/fake_gpu.py; put tensors on it with `on_gpu`). Its patches of torch.cuda are its own,
+    so a test's `monkeypatch.undo()` leaves the GPU in place."""
+    from tests.fake_gpu import fake_gpu_of
+
+    with fake_gpu_of() as gpu:
+        yield gpu
+
+
+@pytest.fixture
 def fresh_runtime(tmp_path, monkeypatch):
     """A clean process-wide runtime with its own cache dir and miss log."""
     from cute_aot.runtime import REGISTRY, jit, policy, set_mode

@@ -1,5 +1,6 @@
-"""`aot-cache gc` over a fake cache dir: the overlay, the unpacked libraries and the build cache,
-files of each kind with controlled sizes and times (atime: last read, mtime: written)."""
+"""`aot-cache gc` over a fake cache dir: the overlay, the unpacked libraries, the build cache and
+the downloads of bundles at URLs, files of each kind with controlled sizes and times (atime: last
+read, mtime: written)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cute_aot.runtime import remote
 from cute_aot.runtime.aot_cache import gc
 from cute_aot.runtime.aot_cache.cli import main
 
@@ -60,6 +62,26 @@ def built(root: Path, kind: str, label: str, size: int = 100, **times) -> tuple[
     suffix = {"objects": ".o", "bundles": ".cuteaot"}[kind]
     folder = root / kind / d[:2]
     return put(folder / f"{d}.json", 10, **times), put(folder / f"{d}{suffix}", size, **times)
+
+
+def download(cache: Path, label: str, size: int = 100, **times) -> Path:
+    """A verified copy of a bundle at a URL, as runtime/remote.py names it."""
+    return put(cache / "remote" / f"{digest(label)}.cuteaot", size, **times)
+
+
+def index(cache: Path, url: str, *copies: Path, age: float = 0.0) -> Path:
+    """The URL's index naming `copies`, written by runtime/remote.py's own writer."""
+    path = cache / "remote" / "index" / f"{digest(url)[:32]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bundles = [
+        remote.RemoteBundle(
+            f"b{i}.cuteaot", f"{url}/b{i}.cuteaot", copy, copy.stem, 100, f'"etag{i}"'
+        )
+        for i, copy in enumerate(copies)
+    ]
+    remote._write_index(path, url, bundles)
+    os.utime(path, (time.time() - age, time.time() - age))
+    return path
 
 
 def run(*args, code: int = 0):
@@ -114,6 +136,7 @@ def test_older_than_prunes_every_cache_by_last_use(cache):
         "build": 2,
         "libs": 1,
         "overlay": 1,
+        "remote": 0,
     }
     assert report["caches"]["libs"]["bytes_removed"] == 110  # the library and its facts
     assert report["bytes_removed"] == 100 + 110 + 110 + 110
@@ -265,6 +288,66 @@ def test_refused_overlay_entries_always_go(cache):
     assert exist(good, refused) == [True, False]
 
 
+# -- downloads of bundles at URLs ------------------------------------------------------------------
+def test_downloads_go_by_age_and_size_like_the_other_caches(cache):
+    old = download(cache, "old", age=10 * DAY)
+    read = download(cache, "read", age=30 * DAY, used=DAY)  # served from the cache yesterday
+    recent = download(cache, "recent", age=2 * DAY)
+    url_index = index(cache, "s3://b/release", old, read, recent, age=10 * DAY)
+
+    report = run_json("--older-than", "7d")  # the index was read with `read`: in use
+    assert removed_names(report) == [old.name]
+    assert report["removed"][0]["kind"] == "copy"
+    assert report["caches"]["remote"]["removed"] == 1
+    assert exist(old, read, recent, url_index) == [False, True, True, True]
+
+    e = entry(cache, "e", age=3 * DAY)  # across caches, the least recently used go first
+    report = run_json("--max-size", str(url_index.stat().st_size + 100))
+    assert removed_names(report) == [e.name, recent.name]
+    assert exist(read, url_index) == [True, True]
+
+
+def test_what_nothing_reads_again_goes_once_an_hour_unused(cache):
+    """A copy no index names (its URL now holds another object) and an index whose copies are
+    gone go without options, once unused for an hour; a copy an index names stays until the age
+    and size limits say otherwise, and the URL locks are never touched."""
+    named = download(cache, "named", age=100 * DAY)
+    superseded = download(cache, "superseded", age=2 * HOUR)
+    fresh = download(cache, "fresh", age=10 * 60)  # a fetch still downloading the rest
+    current = index(cache, "s3://b/current", named, age=100 * DAY)
+    dangling = index(
+        cache, "s3://b/gone", cache / "remote" / f"{digest('x')}.cuteaot", age=2 * HOUR
+    )
+    lock = put(
+        cache / "remote" / "locks" / f"{digest('s3://b/current')[:32]}.lock", 0, age=100 * DAY
+    )
+    debris = put(cache / "remote" / ".download.pid1@0123456789ab.abc.tmp", age=2 * HOUR)
+    strays = [
+        put(cache / "remote" / "notes.txt", age=100 * DAY),
+        put(cache / "remote" / "x.cuteaot"),
+    ]
+
+    report = run_json()
+    assert {Path(r["path"]).name: r["reason"] for r in report["removed"]} == {
+        superseded.name: "no index names it (its URL holds another object)",
+        dangling.name: "names no copy left",
+        debris.name: "temporary left by a killed writer",
+    }
+    assert all(exist(named, fresh, current, lock, *strays))
+    run("--older-than", "0", "--max-size", "0", "--grace", "0")
+    assert exist(named, fresh, current, lock, *strays) == [False, False, False, True, True, True]
+
+
+def test_downloads_are_collected_alone_with_cache_remote(cache):
+    copy = download(cache, "c", age=10 * DAY)
+    url_index = index(cache, "s3://b/r", copy, age=10 * DAY)
+    e = entry(cache, "e", age=10 * DAY)
+    report = run_json("--cache", "remote", "--older-than", "1d")
+    assert set(report["caches"]) == {"remote"}
+    assert report["caches"]["remote"]["root"] == str(cache / "remote")
+    assert exist(copy, url_index, e) == [False, False, True]
+
+
 # -- options ---------------------------------------------------------------------------------------
 def test_dry_run_lists_and_deletes_nothing(cache):
     entry(cache, "e", age=10 * DAY)
@@ -272,11 +355,12 @@ def test_dry_run_lists_and_deletes_nothing(cache):
     built(cache / "build", "objects", "o", age=10 * DAY)
     put(cache / "libs" / ".x.so.abcdefgh.tmp", age=2 * HOUR)
     put(cache / "overlay" / "k.cuteaot.refused-abc", age=DAY)
-    before = snapshot(cache)
+    url_index = index(cache, "s3://b/r", download(cache, "d", age=10 * DAY), age=10 * DAY)
+    before = snapshot(cache)  # gc reads the index: its atime must not move either
 
     report = run_json("--dry-run", "--older-than", "0", "--max-size", "0", "--grace", "0")
-    assert report["dry_run"] and len(report["removed"]) == 5
-    assert report["bytes_removed"] == 100 + 110 + 110 + 100 + 100
+    assert report["dry_run"] and len(report["removed"]) == 7
+    assert report["bytes_removed"] == 100 + 110 + 110 + 100 + 100 + 100 + url_index.stat().st_size
     text = run("--dry-run", "--older-than", "1d").stdout
     assert "would remove" in text and f"{digest('l')}.so" in text
     assert snapshot(cache) == before  # not a file removed, not even an atime touched

@@ -2,8 +2,9 @@
 test per fault found from outside (each failed on the runtime before the resolution epoch, the one
 fallback policy and the private-library checks).
 
-No GPU: as in test_family_ops_cpu, the router op runs on a pretend sm_90a device with CPU
-tensors, and kernels are Python functions in LoadedBundle values unless a real bundle is needed.
+No GPU: as in test_family_ops_cpu, the router op runs on a fake sm_90a GPU (tests/fake_gpu.py),
+with its own validation and resolution, and kernels are Python functions in LoadedBundle values
+unless a real bundle is needed.
 Faults are caused for real: read-only and full tmpfs mounts, FIFOs, links, other owners.
 """
 
@@ -26,10 +27,10 @@ from cute_aot.kernels import family, family_facts
 from cute_aot.runtime import REGISTRY, jit, mode, ops, policy, set_mode
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
 from cute_aot.runtime.misses import miss_log_path, read_misses, record_miss
+from tests.fake_gpu import on_gpu
 from tests.faults import fill, read_only_folder, small_tmpfs
 
-ARCH = "sm_90a"
-CPU = -1
+ARCH = "sm_90a"  # the fake GPU's (an H200)
 ROUTER = family("router_gemm")
 PROBLEM = ROUTER.parse_problem("M=2,N=8,K=64")
 KEY = ROUTER.dispatch(PROBLEM, ARCH).key
@@ -52,15 +53,15 @@ def _fake_bundle(key, function, path="fake.cuteaot") -> LoadedBundle:
 
 
 @pytest.fixture
-def router_op(fresh_runtime, monkeypatch):
-    monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
-    monkeypatch.setattr(ops, "_check_placement", lambda name, arg, tensor: None)
+def router_op(fresh_runtime, fake_gpu):
     return ops.family_op("router_gemm")
 
 
 def _inputs(problem=PROBLEM):
     m, n, k = problem.m, problem.n, problem.k
-    return torch.ones(m, k, dtype=torch.bfloat16), torch.ones(n, k, dtype=torch.bfloat16)
+    return on_gpu(torch.ones(m, k, dtype=torch.bfloat16)), on_gpu(
+        torch.ones(n, k, dtype=torch.bfloat16)
+    )
 
 
 def _no_jit(monkeypatch):
@@ -333,15 +334,15 @@ def test_a_record_cut_short_by_a_full_disk_costs_only_itself(fresh_runtime, monk
 
 
 def test_the_miss_log_rotates_and_both_generations_are_read(fresh_runtime, monkeypatch):
-    from cute_aot.artifacts import miss_log
+    from cute_aot.artifacts import json_lines
 
     path = miss_log_path()
     record_miss(KEY, ARCH, {})
     with open(path, "ab") as handle:
-        handle.truncate(miss_log.MAX_LOG_BYTES + 1)  # a log past its size, sparse
+        handle.truncate(json_lines.MAX_LOG_BYTES + 1)  # a log past its size, sparse
     other = ROUTER.dispatch(ROUTER.parse_problem("M=1,N=16,K=64"), ARCH).key
     record_miss(other, ARCH, {})
-    assert path.stat().st_size < 4096 and miss_log.rotated_path(path).exists()
+    assert path.stat().st_size < 4096 and json_lines.rotated_path(path).exists()
     assert [r["key_id"] for r in read_misses(path)] == [KEY.id, other.id]
 
 

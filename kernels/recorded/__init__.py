@@ -154,7 +154,7 @@ def read_records(source) -> list[tuple[str, dict]]:
     """(file, record) of every record in a record file, a folder or a URL prefix (one file per
     process: CUTE_AOT_RECORD), in file order; a torn last line (a writer killed mid-append) and
     lines of other formats are skipped."""
-    from cute_aot.artifacts.miss_log import read_objects
+    from cute_aot.artifacts.json_lines import read_objects
 
     return [
         (where, record)

@@ -646,7 +646,7 @@ def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_b
     "caches",
     type=click.Choice(gc.CACHES),
     multiple=True,
-    help="Only this cache (repeatable; default: all three, and temporaries elsewhere in the "
+    help="Only this cache (repeatable; default: all four, and temporaries elsewhere in the "
     "cache dir).",
 )
 @click.option(
@@ -673,15 +673,16 @@ def misses_command(log_path, family_name, arch, bundle_paths, out_path, not_in_b
 @click.option("-v", "--verbose", is_flag=True, help="List every unit removed.")
 @json_option
 def gc_command(older_than, max_size, caches, build_root, stale, grace, dry_run, verbose, as_json):
-    """Prune the overlay, the unpacked libraries and the build cache, safely while servers and
-    builds use them.
+    """Prune the overlay, the unpacked libraries, the build cache and the downloads of bundles
+    at URLs (remote/), safely while servers and builds use them.
 
     A unit (an overlay entry; a library and its verified facts; a build object or bundle and its
-    record) goes whole, its commit marker first, so readers see an entry or a miss. Last use is
-    the newest atime or mtime of its files: with relatime, atime is updated at least daily, which
-    is enough for ages in days. Links are never followed; nothing used within --grace goes.
-    Refused overlay entries and temporaries over an hour old always go: without options,
-    nothing else does.
+    record; a download; a URL's index) goes whole, its commit marker first, so readers see an
+    entry or a miss. Last use is the newest atime or mtime of its files: with relatime, atime is
+    updated at least daily, which is enough for ages in days. Links are never followed; nothing
+    used within --grace goes. Refused overlay entries always go; temporaries, downloads no index
+    names and indexes whose downloads are gone go once an hour unused: without options, nothing
+    else does.
     """
     caches = caches or gc.CACHES
     remove, keep = gc.plan(max_size, older_than, stale, grace, caches=caches, build_root=build_root)

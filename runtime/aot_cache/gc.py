@@ -1,5 +1,5 @@
 """The per-user cache dir's housekeeping: what the overlay holds (`aot-cache ls`), and pruning
-all three caches while servers and builds use them (`aot-cache gc`).
+all four caches while servers and builds use them (`aot-cache gc`).
 
 What is collected, in units that go together or not at all (commit marker listed first):
 
@@ -7,9 +7,18 @@ What is collected, in units that go together or not at all (commit marker listed
     overlay/.../<key id>.cuteaot.refused-<random>           set aside by a reader: always goes
     libs/<sha256>.verified.json + libs/<sha256>.so          the facts, then the library (loader)
     <build>/{objects,bundles}/<d[:2]>/<d>.json + <d>.{o,cuteaot}   record, then data (build_cache)
+    remote/<sha256>.cuteaot                                 a verified download (runtime/remote.py)
+    remote/index/<url id>.json                              what a URL held at its last fetch
     .<name>.<random>.tmp anywhere under those, and elsewhere in the cache dir when every cache is
     collected: temporaries (artifacts/atomic.py), only once an hour old (younger ones may still
     be being written)
+
+Downloads are judged by age and size like the other units, and an index is in use whenever one
+of the copies it names is (it ages no sooner than the newest). Besides, a copy that no index names
+(its URL now holds another object) and an index whose copies are all gone are never read again,
+so they go once unused for an hour (a fetch names its copies only after its last download).
+remote/locks/ is never touched: removing the file of a held lock would let a second process
+fetch the same URL.
 
 A unit's last use is the newest atime or mtime of its files: readers read (atime), writers
 publish (mtime). With the usual `relatime` mount option the kernel updates atime at least once a
@@ -43,23 +52,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cute_aot.aot.build_cache import CACHE_SUBDIR
-from cute_aot.artifacts import settings
+from cute_aot.artifacts import cache_layout, settings
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 from cute_aot.kernels import families
-from cute_aot.runtime import overlay
+from cute_aot.runtime import overlay, remote
 from cute_aot.runtime.library_store import FACTS_SUFFIX  # beside each library
 
-CACHES = ("build", "libs", "overlay")
+CACHES = ("build", "libs", "overlay", "remote")
 OTHER = "other"  # temporaries elsewhere in the cache dir (keys/, ...)
 GRACE_S = 60.0
 TEMPORARY_DEBRIS_S = 3600.0  # a temporary this old was left by a killed writer
+UNREAD_S = TEMPORARY_DEBRIS_S  # a download no index names, unused this long, is not in flight
 MAX_DEPTH = 8  # the caches are 3 folders deep; a deeper tree is not ours to walk
 
 LIBRARY_SUFFIX = ".so"
 RECORD_SUFFIX = ".json"  # build_cache: the record beside each entry's data
 BUILD_DATA_SUFFIXES = {"objects": ".o", "bundles": BUNDLE_SUFFIX}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_URL_ID = re.compile(r"[0-9a-f]{32}")  # runtime/remote.py: an index's name
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -78,13 +88,14 @@ class FileState:
 class CacheUnit:
     """Files that are kept or removed together, commit marker first."""
 
-    cache: str  # build | libs | overlay | other
-    kind: str  # entry | refused | library | object | bundle | temporary
+    cache: str  # build | libs | overlay | remote | other
+    kind: str  # entry | refused | library | object | bundle | copy | index | temporary
     base: Path  # the folder the walk started from (followed, as the user named it)
     folder: tuple[str, ...]  # the unit's folder below `base`: never followed
     files: tuple[FileState, ...]
     age_s: float = 0.0  # since last use, when planned
     reason: str | None = None  # why it is removed; None: kept
+    unread: str | None = None  # why nothing will read it again (remote/): goes after UNREAD_S
 
     @property
     def path(self) -> Path:
@@ -245,13 +256,14 @@ def cache_roots(caches: Iterable[str] = CACHES, build_root: Path | None = None) 
     `build_root` (aot-build --cache-dir) is followed as given, like the cache dir itself."""
     base = settings.cache_dir()
     where = {
-        "overlay": CacheRoot("overlay", base, (overlay.overlay_root().name,)),
-        "libs": CacheRoot("libs", base, ("libs",)),
+        "overlay": CacheRoot("overlay", base, (cache_layout.OVERLAY,)),
+        "libs": CacheRoot("libs", base, (cache_layout.LIBS,)),
         "build": (
-            CacheRoot("build", base, (CACHE_SUBDIR,))
+            CacheRoot("build", base, (cache_layout.BUILD,))
             if build_root is None
             else CacheRoot("build", Path(build_root), ())
         ),
+        "remote": CacheRoot("remote", base, (cache_layout.REMOTE,)),
     }
     return [where[name] for name in CACHES if name in set(caches)]
 
@@ -336,6 +348,59 @@ def _is_shard(folder: tuple[str, ...], below: tuple[str, ...], name: str) -> boo
     return len(folder) == len(below) + 1 and name[:2] == folder[-1]
 
 
+def _read_index(base: Path, folder: tuple[str, ...], name: str) -> bytes:
+    """An index's bytes, without following a link and, where the kernel lets the owner, without
+    moving its atime (gc is no use)."""
+    fd = _open_folder(base, folder)
+    if fd is None:
+        return b""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        try:
+            file = os.open(name, flags | getattr(os, "O_NOATIME", 0), dir_fd=fd)
+        except PermissionError:  # O_NOATIME: not the file's owner
+            file = os.open(name, flags, dir_fd=fd)
+        with os.fdopen(file, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(file).st_mode):
+                return b""
+            return handle.read(1 << 24)
+    except OSError:  # gone, or a link where an index belongs: it names nothing
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _remote_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    """Copies directly in remote/, indexes in remote/index/, temporaries at any depth; an
+    unread copy or index is marked as such."""
+    index_folder = (*root.below, cache_layout.REMOTE_INDEX)
+    units, copies, indexes = [], [], []
+    for folder, file in _walk(root, walked):
+        if is_temporary(file.name):
+            units.append(_temporary(root, folder, file))
+        elif folder == root.below and _HEX64.fullmatch(file.name.removesuffix(BUNDLE_SUFFIX)):
+            copies.append(CacheUnit(root.name, "copy", root.base, folder, (file,)))
+        elif folder == index_folder and _URL_ID.fullmatch(file.name.removesuffix(".json")):
+            indexes.append(CacheUnit(root.name, "index", root.base, folder, (file,)))
+    present = {unit.files[0].name.removesuffix(BUNDLE_SUFFIX): unit for unit in copies}
+    named: set[str] = set()
+    for unit in indexes:
+        data = _read_index(root.base, unit.folder, unit.files[0].name)
+        shas = {entry["sha256"] for entry in remote.index_entries(data)} & set(present)
+        named |= shas
+        # An index is used whenever its copies are (offline, a server reads both): it ages
+        # no sooner than the newest of them.
+        file = unit.files[0]
+        newest = max([file.last_use_ns, *(present[sha].files[0].last_use_ns for sha in shas)])
+        unit = replace(unit, files=(replace(file, last_use_ns=newest),))
+        units.append(unit if shas else replace(unit, unread="names no copy left"))
+    for unit in copies:
+        if unit.files[0].name.removesuffix(BUNDLE_SUFFIX) not in named:
+            unit = replace(unit, unread="no index names it (its URL holds another object)")
+        units.append(unit)
+    return units
+
+
 def _other_temporaries(skip: set) -> list[CacheUnit]:
     """Temporaries anywhere else in the cache dir (keys/, the miss log's folder...)."""
     root = CacheRoot(OTHER, settings.cache_dir(), ())
@@ -344,12 +409,17 @@ def _other_temporaries(skip: set) -> list[CacheUnit]:
 
 
 def find_units(caches: Iterable[str] = CACHES, build_root: Path | None = None) -> list[CacheUnit]:
-    """Every unit of the chosen caches; with all three, temporaries elsewhere in the cache dir."""
+    """Every unit of the chosen caches; with all four, temporaries elsewhere in the cache dir."""
     chosen = set(caches)
     walked: set[tuple[int, int]] = set()
     units: list[CacheUnit] = []
     for root in cache_roots(chosen, build_root):
-        collect = {"overlay": _overlay_units, "libs": _libs_units, "build": _build_units}
+        collect = {
+            "overlay": _overlay_units,
+            "libs": _libs_units,
+            "build": _build_units,
+            "remote": _remote_units,
+        }
         units += collect[root.name](root, walked)
     if chosen >= set(CACHES):
         units += _other_temporaries(walked)  # the caches' own folders were walked above
@@ -369,6 +439,8 @@ def _reason(
         return "temporary left by a killed writer" if unit.age_s >= TEMPORARY_DEBRIS_S else None
     if unit.age_s < grace:
         return None
+    if unit.unread and unit.age_s >= UNREAD_S:
+        return unit.unread
     if older_than is not None and unit.age_s >= older_than:
         return "unused for longer than --older-than"
     if current is not None and unit.cache == "overlay":
@@ -392,11 +464,11 @@ def plan(
     caches: Iterable[str] = CACHES,
     build_root: Path | None = None,
 ) -> tuple[list[CacheUnit], list[CacheUnit]]:
-    """(remove, keep), least recently used first. Refused overlay entries and temporaries of
-    killed writers always go; then units unused for `older_than` seconds, overlay entries of
-    fingerprints this installation does not use (`stale`), and, after those, the least recently
-    used until at most `max_size` bytes are left in the chosen caches. Nothing used less than
-    `grace` seconds ago is removed."""
+    """(remove, keep), least recently used first. Refused overlay entries, temporaries of
+    killed writers and downloads nothing reads any more always go; then units unused for
+    `older_than` seconds, overlay entries of fingerprints this installation does not use
+    (`stale`), and, after those, the least recently used until at most `max_size` bytes are
+    left in the chosen caches. Nothing used less than `grace` seconds ago is removed."""
     now = time.time() if now is None else now
     current = current_fingerprints() if stale else None  # only then: it reads the overlay key
     units = [replace(u, age_s=now - u.last_use) for u in find_units(caches, build_root)]

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cute_aot.aot import binary_info
-from cute_aot.artifacts import PACKAGE_VERSION, settings, toolchain
+from cute_aot.artifacts import PACKAGE_VERSION, cache_layout, settings, toolchain
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
 from cute_aot.artifacts.errors import (
     BundleError,
@@ -356,7 +356,7 @@ def environment() -> dict:
         "paths": {
             "cache_dir": str(settings.cache_dir()),
             "overlay": _folder_usage(overlay.overlay_root(), f"*{BUNDLE_SUFFIX}"),
-            "libs": _folder_usage(settings.cache_dir() / "libs", "*.so"),
+            "libs": _folder_usage(settings.cache_dir() / cache_layout.LIBS, "*.so"),
             # A URL prefix is not looked at: `env` never waits on a store (None: not known).
             "miss_log": {"path": str(log), "exists": None if is_url(log) else log.exists()},
             "bundles": [str(path) for path, _, _ in bundle_sources(())],

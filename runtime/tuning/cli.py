@@ -31,11 +31,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cute_aot.aot import models as model_shapes
 from cute_aot.artifacts import PACKAGE_VERSION, settings, terminal
 from cute_aot.artifacts.errors import CuteAotError
-from cute_aot.artifacts.miss_log import read_objects
+from cute_aot.artifacts.json_lines import append_line, read_objects
 from cute_aot.kernels import KernelFamily, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.tables import Table, read_tables, write_tables
-from cute_aot.runtime.process_files import append_line
 from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call, seconds_per_call_each
 
 RELATIVE_TOLERANCE = 0.02  # of the reference's largest magnitude: catches wrong kernels, not ulps

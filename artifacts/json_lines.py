@@ -1,0 +1,187 @@
+"""JSON-lines files: the one reader and the one appender, with one policy for damaged lines.
+
+Every JSON-lines file cute-aot keeps goes through here: miss logs (runtime/misses.py), records
+of `cute.compile` calls (runtime/record.py), aot-tune's results (runtime/tuning/cli.py), and the
+one-file-per-process copies of the first two (runtime/process_files.py writes those whole).
+
+The policy, for every such file:
+- A line is kept when it parses as a JSON object. Anything else (a last line cut short by a
+  killed writer or a full disk, a foreign line in a shared log, a list or a string) is skipped,
+  never an error, and a warning names the file and how many lines it lost. Blank lines are no
+  record and are skipped silently.
+- The appender writes each line with one write() to a file opened O_APPEND, so lines of
+  concurrent processes never interleave; a file whose last line was cut short gets a newline
+  first, so the torn line stays alone and the new one is whole.
+- A log past MAX_LOG_BYTES is rotated to `<file>.1` (one generation kept); the reader reads
+  `<file>.1` before `<file>`.
+The bytes of each line are the caller's: this module never re-encodes a record.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from cute_aot.artifacts import urls
+from cute_aot.artifacts.errors import CuteAotError
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_LOG_BYTES",
+    "append_line",
+    "objects_after",
+    "read_objects",
+    "rotated_path",
+]
+
+MAX_LOG_BYTES = 16 << 20  # writers rotate past this (about 16,000 miss records)
+MAX_LINE_BYTES = 1 << 20  # a longer line is not a record
+SUFFIX = ".jsonl"  # what a folder or a URL prefix holds: every `*.jsonl` under it is read
+
+
+def rotated_path(path: str | os.PathLike) -> Path:
+    return Path(f"{os.fspath(path)}.1")
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def _open_regular(path: Path):
+    """A binary handle of `path`; never blocks on a FIFO someone left there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return handle
+
+
+def _chunks(handle) -> Iterator[bytes]:
+    """Lines of at most MAX_LINE_BYTES + 1 bytes: a longer line comes in pieces, none of which
+    parses, so memory stays bounded whatever a file holds."""
+    while line := handle.readline(MAX_LINE_BYTES + 1):
+        yield line
+
+
+def _object(line: bytes) -> dict | None:
+    """The line's object, or None for a line that is no object."""
+    if len(line) > MAX_LINE_BYTES:
+        return None
+    try:
+        found = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _skipped(where: str, count: int) -> None:
+    warnings.warn(
+        f"cute-aot: {where}: skipped {count} line(s) that are not JSON objects (a line cut "
+        "short by a killed writer or a full disk, or another program's)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def _objects(lines: Iterable[bytes], where: str) -> Iterator[tuple[str, dict]]:
+    skipped = 0
+    whole = True  # the previous piece ended its line
+    for line in lines:
+        continued, whole = not whole, line.endswith(b"\n")
+        if continued or not line.strip():
+            continue  # the rest of a line too long (counted once), or a blank line
+        found = _object(line)
+        if found is None:
+            skipped += 1
+        else:
+            yield where, found
+    if skipped:
+        _skipped(where, skipped)
+
+
+def _file_objects(path: Path) -> Iterator[tuple[str, dict]]:
+    for part in (rotated_path(path), path):
+        if part is path or part.exists():
+            with _open_regular(part) as handle:
+                yield from _objects(_chunks(handle), str(part))
+
+
+def _remote_objects(url: str) -> Iterator[tuple[str, dict]]:
+    fs, root = urls.filesystem(url)
+    names = [root] if fs.isfile(root) else sorted(n for n in fs.find(root) if n.endswith(SUFFIX))
+    protocol = url.split("://", 1)[0]
+    for name in names:
+        # One object is one process's lines (one per key or call): small, read whole.
+        lines = fs.cat_file(name).splitlines(keepends=True)
+        yield from _objects(lines, f"{protocol}://{name}")
+
+
+def read_objects(source: str | os.PathLike, what: str = "miss log") -> list[tuple[str, dict]]:
+    """(file, object) of every JSON object line of a file (its rotated generation first), of
+    every `*.jsonl` under a folder or a URL prefix (in name order), in file order. Lines that
+    are no object are skipped with a warning naming their file; a store that cannot be read
+    raises CuteAotError naming `source` and `what` it was to hold."""
+    local = urls.local_path(source)
+    if local is not None and not local.is_dir():
+        return list(_file_objects(local))
+    if local is not None:
+        files = sorted(path for path in local.rglob(f"*{SUFFIX}") if path.is_file())
+        return [found for path in files for found in _file_objects(path)]
+    try:
+        return list(_remote_objects(source))
+    except Exception as exc:  # a store's errors (botocore's, aiohttp's) are not all OSErrors
+        raise CuteAotError(f"{source}: cannot read the {what} ({exc})") from exc
+
+
+def objects_after(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The objects of the whole lines of a local file from byte `offset` on, and the offset
+    after the last of them: a reader that follows a file it shares with other writers. A last
+    line without its newline is left for the next call (the appender closes it first)."""
+    found: list[dict] = []
+    try:
+        handle = _open_regular(path)
+    except FileNotFoundError:
+        return found, offset
+    with handle:
+        handle.seek(offset)
+        whole = []
+        for line in _chunks(handle):
+            if not line.endswith(b"\n") and len(line) <= MAX_LINE_BYTES:
+                break
+            whole.append(line)
+            offset += len(line)
+    found = [record for _, record in _objects(whole, str(path))]
+    return found, offset
+
+
+# -- appending -------------------------------------------------------------------------------------
+def append_line(path: Path, record: bytes, rotate: bool = True) -> None:
+    """Append one line (`record`: one JSON object and its newline) to a local file: on disk
+    when this returns. Past MAX_LOG_BYTES the file is rotated to `<file>.1` unless `rotate` is
+    False (a file whose every line is needed); it is opened without following links and never
+    blocks on a FIFO; a last line cut short is closed with a newline before this one."""
+    if not record.endswith(b"\n") or b"\n" in record[:-1]:
+        raise ValueError(f"{path}: a JSON line is one line ending in a newline")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o644)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if rotate and info.st_size > MAX_LOG_BYTES:
+            os.replace(path, rotated_path(path))  # this descriptor now writes to the rotated one
+            os.close(fd)
+            fd = os.open(path, flags, 0o644)
+            info = os.fstat(fd)
+        if info.st_size and os.pread(fd, 1, info.st_size - 1) != b"\n":
+            record = b"\n" + record  # the last line was cut short: it stays alone, skipped
+        # One write() of one line with O_APPEND: lines from concurrent processes never interleave.
+        written = os.write(fd, record)
+        if written != len(record):
+            raise OSError(errno.ENOSPC, f"line cut short ({written} of {len(record)} bytes)")
+    finally:
+        os.close(fd)
