@@ -29,14 +29,28 @@ def test_a_refused_entry_is_set_aside_and_replaced(fresh_runtime):
     assert aside.read_bytes() == b"a damaged or foreign entry"
 
 
-def test_a_good_entry_still_wins(fresh_runtime, monkeypatch):
+def _overlay_entry(key, scratch) -> bytes:
+    """A real overlay entry of `key`, made as the JIT makes one (runtime/jit.py): its object (a
+    stub from the system C compiler, tests/stubs.py) linked, packed and signed with the overlay
+    key, so it passes every check of the overlay's verification."""
+    from cute_aot.aot.pack import pack_bundle
+    from tests.stubs import stub_compile
+
+    row = stub_compile(key.FAMILY, key.fields(), ARCH, str(scratch))
+    _, data = pack_bundle(f"overlay-{key.id}", ARCH, {key: row}, sign=overlay.sign)
+    return data
+
+
+def test_a_good_entry_still_wins(fresh_runtime, tmp_path):
     from cute_aot.runtime import loader
 
     path = overlay.overlay_path(MISS_KEY, ARCH)
-    assert publish_once(path, b"the first publisher's entry")
-    monkeypatch.setattr(loader, "verify_bundle", lambda path, arch, **checks: None)  # it verifies
+    first = _overlay_entry(MISS_KEY, tmp_path)
+    assert publish_once(path, first)
+    loader.verify_bundle(path, ARCH, trust=overlay.check_trust)  # it verifies, as publish asks
     assert not overlay.publish(MISS_KEY, ARCH, b"a later one")
-    assert path.read_bytes() == b"the first publisher's entry"
+    assert path.read_bytes() == first
+    assert not list(path.parent.glob(f"*{overlay.REFUSED_MARK}*"))  # nothing was set aside
 
 
 def test_set_aside_leaves_a_file_that_replaced_the_refused_one(fresh_runtime):

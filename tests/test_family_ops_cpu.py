@@ -1,8 +1,9 @@
 """The generic family op on the CPU: regression tests for the runtime bugs found around it.
 
-No GPU: the device's architecture and JIT availability are monkeypatched, CPU tensors stand in
-for CUDA ones (device index -1), and bundles are LoadedBundle values whose "library" is a dict
-of Python functions, so nothing is compiled or dlopened.
+No GPU: the op runs on a fake H200 (tests/fake_gpu.py: torch answers from the virtual device's
+profile, and the inputs are CPU tensors that say they lie on cuda:0), so its own validation and
+resolution run unmodified; JIT availability is monkeypatched, and bundles are LoadedBundle values
+whose "library" is a dict of Python functions, so nothing is compiled or dlopened.
 """
 
 import threading
@@ -19,9 +20,9 @@ from cute_aot.kernels import family, family_facts
 from cute_aot.runtime import REGISTRY, jit, ops, set_mode
 from cute_aot.runtime.loader import LoadedBundle
 from cute_aot.runtime.misses import miss_log_path, read_misses
+from tests.fake_gpu import GPU, on_gpu
 
-ARCH = "sm_90a"
-CPU = -1  # torch's device index of a CPU tensor
+ARCH = "sm_90a"  # the fake GPU's (an H200)
 ROUTER = family("router_gemm")
 PROBLEM = ROUTER.parse_problem("2,8,64")
 
@@ -45,10 +46,8 @@ def _fake_bundle(key, function) -> LoadedBundle:
 
 
 @pytest.fixture
-def router_op(fresh_runtime, monkeypatch):
-    """The router op on a pretend sm_90a device, with CPU tensors passing as device tensors."""
-    monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
-    monkeypatch.setattr(ops, "_check_placement", lambda name, arg, tensor: None)
+def router_op(fresh_runtime, fake_gpu):
+    """The router op on a fake sm_90a GPU."""
     op = ops.family_op("router_gemm")
     op.table.clear()
     yield op
@@ -57,7 +56,7 @@ def router_op(fresh_runtime, monkeypatch):
 
 def _inputs(dtype=torch.bfloat16):
     m, k, n = PROBLEM[:3]
-    return torch.ones(m, k, dtype=dtype), torch.ones(n, k, dtype=torch.bfloat16)
+    return on_gpu(torch.ones(m, k, dtype=dtype)), on_gpu(torch.ones(n, k, dtype=torch.bfloat16))
 
 
 def _no_jit(monkeypatch):
@@ -68,8 +67,8 @@ def test_a_torch_fallback_is_replaced_once_a_bundle_brings_the_kernel(router_op,
     """Bug 1: resolutions are forgotten when bundles are loaded (and when they are cleared)."""
     _no_jit(monkeypatch)
     with pytest.warns(RuntimeWarning, match="torch reference"):
-        fallback, _ = router_op.resolve(PROBLEM, CPU)
-    router_op.preload(PROBLEM, CPU)
+        fallback, _ = router_op.resolve(PROBLEM, GPU)
+    router_op.preload(PROBLEM, GPU)
     assert len(router_op.table) == 1
     assert router_op.table[next(iter(router_op.table))][0].__name__ == "reference"
 
@@ -78,7 +77,7 @@ def test_a_torch_fallback_is_replaced_once_a_bundle_brings_the_kernel(router_op,
     REGISTRY.add(_fake_bundle(key, lambda x, w, out: calls.append((x.shape, w.shape))))
     assert router_op.table == {}  # forgotten: the next call resolves again
     x, w = _inputs()
-    out = torch.empty(2, 8)
+    out = torch.empty(2, 8, device="cuda")
     assert ops.op("router_gemm")(x, w, out=out) is out
     assert calls == [(x.shape, w.shape)]  # served by the bundle, not by torch
 
@@ -97,12 +96,17 @@ def test_the_cached_torch_fallback_checks_its_inputs(router_op, monkeypatch):
     x16, _ = _inputs(torch.float16)
     with pytest.raises(InputError, match="x must be bfloat16, got float16"):
         router_gemm(x16, w)  # same shapes and device: the cached fallback is what runs
-    monkeypatch.undo()  # placement checks back on: a strided x must be refused too
-    monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
-    strided = torch.ones(64, 2, dtype=torch.bfloat16).t()
     ((function, _),) = router_op.table.values()
-    with pytest.raises(InputError, match="must be"):
-        function(strided, w, torch.empty(2, 8))
+    out = torch.empty(2, 8, device="cuda")
+    strided = on_gpu(torch.ones(64, 2, dtype=torch.bfloat16)).t()
+    with pytest.raises(InputError, match="router_gemm: x must be contiguous"):
+        function(strided, w, out)
+    with pytest.raises(InputError, match="x must be on a CUDA device, got cpu"):
+        function(x.cpu(), w, out)
+    with pytest.raises(InputError, match="must be 16-byte aligned"):
+        function(on_gpu(torch.ones(2 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64)), w, out)
+    function(x, w, out)  # the same function takes a well-placed x
+    assert torch.equal(out, expected)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +128,7 @@ def test_auto_falls_back_to_torch_when_jit_fails_in_any_way(router_op, monkeypat
 
     monkeypatch.setattr(type(ROUTER), "compile", broken)
     with pytest.warns(RuntimeWarning) as caught:
-        function, _ = router_op.resolve(PROBLEM, CPU)
+        function, _ = router_op.resolve(PROBLEM, GPU)
     assert function.__name__ == "reference"
     messages = [str(w.message) for w in caught]
     assert any("runs its torch reference" in m and type(failure).__name__ in m for m in messages)
@@ -133,14 +137,14 @@ def test_auto_falls_back_to_torch_when_jit_fails_in_any_way(router_op, monkeypat
 
     set_mode("jit")
     with pytest.raises(type(failure)):
-        router_op.resolve(PROBLEM, CPU)
+        router_op.resolve(PROBLEM, GPU)
 
 
 def test_jit_mode_without_cutlass_raises_a_typed_error(router_op, monkeypatch):
     _no_jit(monkeypatch)
     set_mode("jit")
     with pytest.raises(JitUnavailableError, match="nvidia-cutlass-dsl is not installed"):
-        router_op.resolve(PROBLEM, CPU)
+        router_op.resolve(PROBLEM, GPU)
 
 
 def test_a_second_thread_waits_for_the_bundles_of_the_environment(fresh_runtime, monkeypatch):
@@ -179,7 +183,7 @@ def test_resolutions_are_kept_per_device_only_with_several_architectures(
         ops.op("router_gemm")(x, w)
     shapes = (x.shape, w.shape)
     if several_archs:  # every call takes the checked path, which finds it per device
-        assert router_op.table == {} and list(router_op.device_table) == [(*shapes, CPU)]
+        assert router_op.table == {} and list(router_op.device_table) == [(*shapes, GPU)]
     else:  # the hit path's table, by shapes alone
         assert list(router_op.table) == [shapes] and router_op.device_table == {}
     router_op._per_device = None

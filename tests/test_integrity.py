@@ -1000,7 +1000,7 @@ def _library_copy(cache: Path, good) -> Path:
 
 
 def test_a_verified_private_copy_is_trusted_and_keys_are_derived_on_use(
-    good, tmp_path, fresh_runtime, monkeypatch
+    good, tmp_path, fresh_runtime
 ):
     from cute_aot.runtime import loader
 
@@ -1008,13 +1008,12 @@ def test_a_verified_private_copy_is_trusted_and_keys_are_derived_on_use(
     assert first.key_class is None
     assert _library_copy(fresh_runtime, good).with_suffix(".verified.json").is_file()
     loader._loaded.clear()  # as a new process would start
-
-    def no_full_verification(*args, **kwargs):
-        raise AssertionError("verified again")
-
-    monkeypatch.setattr(loader, "verify_bundle", no_full_verification)
     again = open_bundle(good.path, ARCH)
     assert again.key_class is loader.installed_key_class  # ids re-derived entry by entry
+    # Not verified again: a copy whose payload no longer matches its manifest's hash, which full
+    # verification refuses (test_reverify_verifies_every_load), opens too, from the manifest.
+    damaged = _write(tmp_path, flip(good.data, len(good.data) - 1000))
+    assert open_bundle(damaged, ARCH).key_class is loader.installed_key_class
     entry = good.manifest.entries[0]
     assert type(again.function(entry.key_id)).__name__ == "Function"
     # a manifest entry whose key does not re-derive is refused when it is first asked for
@@ -1026,9 +1025,7 @@ def test_a_verified_private_copy_is_trusted_and_keys_are_derived_on_use(
 
 
 @pytest.mark.parametrize("weaken", ["group-writable copy", "group-writable folder", "no record"])
-def test_a_copy_others_could_have_written_is_verified_again(
-    weaken, good, tmp_path, fresh_runtime, monkeypatch
-):
+def test_a_copy_others_could_have_written_is_verified_again(weaken, good, tmp_path, fresh_runtime):
     from cute_aot.runtime import loader
 
     open_bundle(good.path, ARCH)
@@ -1040,11 +1037,12 @@ def test_a_copy_others_could_have_written_is_verified_again(
         copy.parent.chmod(0o775)
     else:
         copy.with_suffix(".verified.json").unlink()
-    calls = []
-    real = loader.verify_bundle
-    monkeypatch.setattr(loader, "verify_bundle", lambda *a, **k: calls.append(a) or real(*a, **k))
+    # Verified again, in full: a copy with a damaged payload is refused by its hash, which
+    # only full verification reads; the good file then opens by the full path.
+    damaged = _write(tmp_path, flip(good.data, len(good.data) - 1000))
+    with pytest.raises(BundleIntegrityError, match="payload hash mismatch"):
+        open_bundle(damaged, ARCH)
     assert open_bundle(good.path, ARCH).key_class is None  # the full path, keys derived at open
-    assert len(calls) == 1
 
 
 def test_reverify_verifies_every_load(good, tmp_path, fresh_runtime, monkeypatch):

@@ -11,18 +11,22 @@ import pytest
 import torch
 import tvm_ffi
 
-from cute_aot.runtime import REGISTRY, ops
+from cute_aot.kernels import family
+from cute_aot.runtime import REGISTRY, ops, policy
 from cute_aot.runtime.loader import open_bundle
+from tests.fake_gpu import on_gpu
+from tests.stubs import stub_value
 
 PUT, CLEAR, SIZE = 1, 2, 3
 MISS = 1
+ARCH = "sm_90a"  # the fake GPU's (an H200), and the stub bundle's
 BUNDLES = os.environ.get("CUTE_AOT_BUNDLES")  # read before fixtures isolate the environment
 
 
 @pytest.fixture
 def table(stub_bundles):
     _, paths, _ = stub_bundles
-    bundle = open_bundle(next(p for p in paths if "sm_90a" in p.name), None)
+    bundle = open_bundle(next(p for p in paths if ARCH in p.name), None)
     return bundle, bundle.shape_dispatcher(2)
 
 
@@ -79,23 +83,34 @@ def test_the_table_refuses_bad_control_calls_and_passes_kernel_errors_on(table):
 
 
 def test_the_op_puts_its_resolutions_and_then_calls_through_the_table(
-    table, fresh_runtime, monkeypatch
+    table, fresh_runtime, fake_gpu
 ):
     """A call with out= that the table holds never reaches the Python shape lookup."""
     bundle, _ = table
-    monkeypatch.setattr(ops, "device_arch", lambda index: "sm_90a")
-    monkeypatch.setattr(ops, "_check_placement", lambda name, arg, tensor: None)
     REGISTRY.add(bundle)
     op = ops.family_op("router_gemm")
     assert op.c_dispatch and op.dispatcher is None
-    x, w = torch.zeros(2, 4096, dtype=torch.bfloat16), torch.zeros(256, 4096, dtype=torch.bfloat16)
-    out = torch.empty(2, 256)
+    x = on_gpu(torch.zeros(2, 4096, dtype=torch.bfloat16))
+    w = on_gpu(torch.zeros(256, 4096, dtype=torch.bfloat16))
+    out = torch.empty(2, 256, device="cuda")
     assert op.call(x, w, out=out) is out  # resolved on the checked path (a stub kernel)
+    assert policy.counters()["router_gemm"]["hits"] == 1  # from the bundle, by the policy
     assert op.dispatcher is not None and op.dispatcher(SIZE) == 1
+    # What the op put for these shapes is the bundle's kernel (a stub answers its key's number).
+    router = family("router_gemm")
+    key = router.dispatch(router.parse_problem("2,256,4096"), ARCH).key
+    assert op.dispatcher(x, w, out) == stub_value(key.id)
+    # A stub answers a number where a real kernel answers None, and the hit path takes only None
+    # as served: put a kernel that answers None, as a real one does, for the same shapes.
+    calls = []
+    op.dispatcher(PUT, recorder(calls), 2, 2, 4096, 2, 256, 4096)
     python_path = dict(op.table)
     op.table.clear()  # the Python hit path now has nothing: only the C table can serve
-    monkeypatch.setattr(op, "resolve", lambda *a: pytest.fail("took the checked path"))
     assert op.call(x, w, out=out) is out
+    assert calls == [[(2, 4096), (256, 4096), (2, 256)]]
+    # The checked path would have resolved again (a second bundle hit) and remembered the
+    # shapes in the Python table: neither happened.
+    assert policy.counters()["router_gemm"]["hits"] == 1 and op.table == {}
     op.table.update(python_path)
     REGISTRY.clear()  # bundles changed: the table goes with every other resolution
     assert op.dispatcher is None and op.table == {}

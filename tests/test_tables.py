@@ -24,6 +24,7 @@ from cute_aot.kernels.tables import Table, read_tables, write_tables
 from cute_aot.runtime import REGISTRY, ops
 from cute_aot.runtime.aot_cache.cli import main as aot_cache
 from cute_aot.runtime.loader import LoadedBundle
+from tests.fake_gpu import on_gpu
 from tests.stubs import stub_compile
 
 ARCH = "sm_90a"
@@ -166,15 +167,15 @@ def _fake_bundle(key, function, table: Table) -> LoadedBundle:
     )
 
 
-def test_the_op_dispatches_with_the_serving_bundles_table(fresh_runtime, monkeypatch):
-    monkeypatch.setattr(ops, "device_arch", lambda index: ARCH)
-    monkeypatch.setattr(ops, "_check_placement", lambda name, arg, tensor: None)
+def test_the_op_dispatches_with_the_serving_bundles_table(fresh_runtime, fake_gpu):
+    assert fake_gpu.arch == ARCH
     op = ops.family_op("router_gemm")
     calls = []
     key = ROUTER.Key("splitk", 0, 0, 0, 3, 2, True)
     REGISTRY.add(_fake_bundle(key, lambda x, w, out: calls.append("tuned split-K"), router_tuned()))
-    x, w = torch.ones(2, 64, dtype=torch.bfloat16), torch.ones(8, 64, dtype=torch.bfloat16)
-    op.call(x, w, out=torch.empty(2, 8))
+    x = on_gpu(torch.ones(2, 64, dtype=torch.bfloat16))
+    w = on_gpu(torch.ones(8, 64, dtype=torch.bfloat16))
+    op.call(x, w, out=torch.empty(2, 8, device="cuda"))
     assert calls == ["tuned split-K"]  # the default table would have asked for a dot key
     op.table.clear()
 
