@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +30,7 @@ from cute_aot.aot.build_cache import BuildCache
 from cute_aot.aot.compile_pool import CompileCall, Worker, default_jobs, run_compiles
 from cute_aot.aot.compile_worker import compile_to_object
 from cute_aot.aot.pack import BuildTables, pack_bundle, table_records
-from cute_aot.aot.shard import Shard, load_shards, write_shard_file
+from cute_aot.aot.shard import MergeInput, Shard, load_shards, write_shard_file
 from cute_aot.artifacts import PACKAGE_VERSION
 from cute_aot.artifacts.atomic import (
     Claimed,
@@ -190,6 +190,8 @@ def run_build(
     worker: Worker = compile_to_object,
     tables: BuildTables | None = None,
     record_tables: bool = True,
+    superseded: Sequence[Path] = (),
+    claim_kept_by: ExitStack | None = None,
 ) -> BuildOutcome:
     """Build every planned key (or one shard's slice of them) into out_dir.
 
@@ -202,6 +204,11 @@ def run_build(
 
     A bundle file holding families the plan leaves out is never replaced (BuildError, before
     anything compiles); what killed builds left behind is removed first.
+
+    A plain build claims `<out_dir>/<name>-*` while it runs (_one_build_of), or, given
+    `claim_kept_by`, until that ExitStack closes: `aot-build` keeps it until its report is
+    written. `superseded`: the files that describe the bundles in out_dir (that report), removed
+    before the first bundle is replaced.
     """
     started = time.perf_counter()
     if tables is None:
@@ -214,7 +221,7 @@ def run_build(
         todo = shard.select(todo)
     with ExitStack() as held:
         if not shard:  # its bundles and report are replaced as one unit: one build at a time
-            held.enter_context(_one_build_of(out_dir, name))
+            (claim_kept_by or held).enter_context(_one_build_of(out_dir, name))
             refuse_to_drop_families(plan_keys, out_dir, name)
         with _work_folder(out_dir, shard.folder_name(name) if shard else None) as folder:
             rows, jobs = _make_objects(todo, folder / "objects", jobs, cache, show_progress, worker)
@@ -243,6 +250,7 @@ def run_build(
                     allow_failures,
                     tables if record_tables else None,
                     record_tables,
+                    superseded,
                 )
                 outcome.bundles = [bundle.path for bundle in outcome.written]
     outcome.seconds = time.perf_counter() - started
@@ -250,20 +258,24 @@ def run_build(
 
 
 def merge(
-    shard_paths: list[Path],
+    shards: list[Path] | MergeInput,
     out_dir: Path,
     *,
     cache: BuildCache | None = None,
     allow_failures: bool = False,
+    superseded: Sequence[Path] = (),
+    claim_kept_by: ExitStack | None = None,
 ) -> BuildOutcome:
-    """Link the objects of every shard of one build into its bundles, as a plain build would."""
+    """Link the objects of every shard of one build (their folders, or them loaded) into its
+    bundles, as a plain build would (`superseded` and `claim_kept_by` as for run_build)."""
     started = time.perf_counter()
-    merged = load_shards(shard_paths)
+    merged = shards if isinstance(shards, MergeInput) else load_shards(shards)
     rows = [
         merged.rows[(arch, k.symbol)] for arch, keys in merged.keys_by_arch.items() for k in keys
     ]
     _remove_dead_leftovers(Path(out_dir))
-    with _one_build_of(Path(out_dir), merged.name):
+    with ExitStack() as held:
+        (claim_kept_by or held).enter_context(_one_build_of(Path(out_dir), merged.name))
         refuse_to_drop_families(merged.keys_by_arch, Path(out_dir), merged.name)
         written, incomplete = write_bundles(
             merged.keys_by_arch,
@@ -275,6 +287,7 @@ def merge(
             allow_failures,
             merged.tables,
             merged.record_tables,
+            superseded,
         )
     return BuildOutcome(
         merged.name,
@@ -288,8 +301,10 @@ def merge(
 
 @contextmanager
 def _one_build_of(out_dir: Path, name: str) -> Iterator[None]:
-    """This build's claim on `<out_dir>/<name>-*`: a second build of the same name into the same
-    folder refuses, naming the one that holds it (a build of another name goes on beside it)."""
+    """This build's claim on `<out_dir>/<name>-*` and their report: a second build of the same
+    name into the same folder refuses, naming the one that holds it (a build of another name goes
+    on beside it). The claim is a file made with O_EXCL that names its holder (atomic.claimed; no
+    flock, which NFS does not keep); a killed holder's is taken over by the next build."""
     try:
         with claimed(out_dir / f".{name}.build-claim"):
             yield
@@ -451,9 +466,15 @@ def write_bundles(
     allow_failures: bool,
     tables: BuildTables | None = None,
     record_tables: bool = True,
+    superseded: Sequence[Path] = (),
 ) -> tuple[list[WrittenBundle], dict[str, int]]:
-    """One bundle per architecture whose keys all compiled (or, allowing failures, any did)."""
+    """One bundle per architecture whose keys all compiled (or, allowing failures, any did).
+
+    The `superseded` files are removed before the first bundle file is replaced: a kill between
+    a bundle's rename and its new report's write leaves bundles without a report, never beside a
+    report of other bytes."""
     written, incomplete = [], {}
+    superseded = list(superseded)
     for arch, keys in plan_keys.items():
         good = [key for key in keys if rows[(arch, key.symbol)]["status"] == "ok"]
         if len(good) < len(keys):
@@ -463,14 +484,22 @@ def write_bundles(
         objects = {key: rows[(arch, key.symbol)] for key in good}
         written.append(
             _write_bundle(
-                arch, objects, out_dir, name, bundle_version, cache, tables, record_tables
+                arch,
+                objects,
+                out_dir,
+                name,
+                bundle_version,
+                cache,
+                tables,
+                record_tables,
+                superseded,
             )
         )
     return written, incomplete
 
 
 def _write_bundle(
-    arch, objects, out_dir, name, bundle_version, cache, tables, record
+    arch, objects, out_dir, name, bundle_version, cache, tables, record, superseded
 ) -> WrittenBundle:
     ordered = [objects[key] for key in sorted(objects, key=lambda key: key.symbol)]
     records = table_records({key.FAMILY for key in objects}, arch, tables) if record else {}
@@ -486,6 +515,9 @@ def _write_bundle(
     path = out_dir / bundle_filename(name, arch)
     if not _same_bytes(path, data):  # an unchanged bundle keeps its file (and mtime)
         try:
+            while superseded:  # shared by the architectures: emptied by the first one written
+                superseded[-1].unlink(missing_ok=True)
+                superseded.pop()
             atomic_write(path, data)
         except OSError as exc:  # e.g. a full disk: the previous file, if any, is untouched
             raise BuildError(f"cannot write {path}: {exc.strerror or exc}") from None

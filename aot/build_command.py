@@ -1,12 +1,26 @@
 """What `aot-build` and `aot-build merge` do once their options are parsed: plan the keys
 (planning.py), build them or link the shards (build.py), report (report.py), check that the build
 reproduces, sign the bundles (build_signing.py) and write their wheels. A failure raises
-(CuteAotError, OSError, Stopped); the command line (cli.py) turns it into the exit status."""
+(CuteAotError, OSError, Stopped); the command line (cli.py) turns it into the exit status.
+
+A build's outputs in `--out` (its bundles, `<name>.build-report.json`, signatures, wheels) are
+written as one unit, so that no interleaving of two builds and no kill pairs a bundle with
+another build's report:
+- one writer: the build claims `<out>/.<name>.build-claim` (build.py) before its first compile
+  and keeps it (`claim_kept_by`) until its last file is written; a second build of that name
+  into that folder refuses in one line naming the holder (pid, host, since when); a killed
+  holder's claim is taken over by the next build;
+- no stale pair after a kill: the report describing the bundles in `--out` is removed before the
+  first of them is replaced, and the new one is written after the last; a kill in between leaves
+  bundles without a report, which the next build completes.
+A shard build writes its folder and its report outside this unit (its folder holds its rows).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
@@ -17,8 +31,8 @@ from cute_aot.aot.build_cache import BuildCache
 from cute_aot.aot.build_signing import sign_bundles
 from cute_aot.aot.output import Output
 from cute_aot.aot.planning import PlanRequest, plan_keys
-from cute_aot.aot.report import announce_plan, finish
-from cute_aot.aot.shard import Shard
+from cute_aot.aot.report import announce_plan, finish, report_path
+from cute_aot.aot.shard import Shard, load_shards
 from cute_aot.aot.wheel import write_wheels
 from cute_aot.artifacts.errors import CuteAotError
 
@@ -44,7 +58,7 @@ def build(
     announce_plan(console, plan, shard, cache)
     kwargs = {"bundle_version": bundle_version} if bundle_version else {}
 
-    def build_into(out_dir: Path, cache: BuildCache | None) -> BuildOutcome:
+    def build_into(out_dir: Path, cache: BuildCache | None, **unit) -> BuildOutcome:
         return run_build(
             plan,
             out_dir,
@@ -56,23 +70,26 @@ def build(
             show_progress=not output.quiet,
             tables=tables,
             record_tables=not request.exact,
+            **unit,
             **kwargs,
         )
 
-    outcome = build_into(output.out_dir, cache)
-    finish(console, outcome, output, cache, shard)
-    if check_reproducible:
-        console.print("checking reproducibility: building again from scratch (no cache)")
-        started = time.perf_counter()
-        reproducible.check_reproducible(outcome.bundles, lambda f: build_into(f, None))
-        console.print(
-            f"reproducible: a clean rebuild wrote {len(outcome.bundles)} byte-identical "
-            f"bundles ({time.perf_counter() - started:.1f} s)"
-        )
-    if bundle_signer:  # last: the reproducibility check compares unsigned builds
-        sign_bundles(console, outcome.written, bundle_signer)
-    if write_wheel and outcome.written:  # after signing: wheels hold bundles as shipped
-        write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
+    with ExitStack() as unit:  # one unit (see above); a shard's folder is swapped whole
+        report = [] if shard else [report_path(output.out_dir, name)]
+        outcome = build_into(output.out_dir, cache, superseded=report, claim_kept_by=unit)
+        finish(console, outcome, output, cache, shard)
+        if check_reproducible:
+            console.print("checking reproducibility: building again from scratch (no cache)")
+            started = time.perf_counter()
+            reproducible.check_reproducible(outcome.bundles, lambda f: build_into(f, None))
+            console.print(
+                f"reproducible: a clean rebuild wrote {len(outcome.bundles)} byte-identical "
+                f"bundles ({time.perf_counter() - started:.1f} s)"
+            )
+        if bundle_signer:  # last: the reproducibility check compares unsigned builds
+            sign_bundles(console, outcome.written, bundle_signer)
+        if write_wheel and outcome.written:  # after signing: wheels hold bundles as shipped
+            write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
     if left_out:
         raise CuteAotError(
             f"{len(left_out)} recorded call(s) of {request.record_file} not built (listed above)"
@@ -85,12 +102,21 @@ def merge_shards(
     """`aot-build merge`: link the shards' objects into bundles, report, sign, write wheels."""
     bundle_signer = output.bundle_signer()
     cache = output.cache()
-    outcome = merge(list(shards), output.out_dir, cache=cache, allow_failures=output.allow_failures)
-    finish(console, outcome, output, cache)
-    if bundle_signer:
-        sign_bundles(console, outcome.written, bundle_signer)
-    if write_wheel and outcome.written:
-        write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
+    merged = load_shards(list(shards))  # its name says which report the merge supersedes
+    with ExitStack() as unit:  # one unit, as for `aot-build`
+        outcome = merge(
+            merged,
+            output.out_dir,
+            cache=cache,
+            allow_failures=output.allow_failures,
+            superseded=[report_path(output.out_dir, merged.name)],
+            claim_kept_by=unit,
+        )
+        finish(console, outcome, output, cache)
+        if bundle_signer:
+            sign_bundles(console, outcome.written, bundle_signer)
+        if write_wheel and outcome.written:
+            write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
 
 
 def write_wheel_files(console: Console, bundles, out_dir: Path, **naming) -> None:

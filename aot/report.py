@@ -1,6 +1,7 @@
 """The build report: per key its status, compile time and object size, as JSON next to the
-bundles and as rich tables on the terminal. Bundles are described as this build wrote them, never
-by re-reading their files: another build into the same folder may have replaced one since.
+bundles and as rich tables on the terminal. Bundles are described as this build wrote them (file,
+size, sha256), never by re-reading their files: while the build's claim keeps other aot-builds
+out (build_command.py), another writer may still have replaced one since.
 
 Also what a command that writes bundles says around it: the plan it is about to build, and when
 done (`finish`) the report, the summary, the build cache's use, and the keys that failed."""
