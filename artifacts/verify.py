@@ -94,9 +94,11 @@ def check_entries(
             _check_key(path, what, entry, cls)
 
 
-def check_entry_key(path: Path, entry: Entry, key_class: type) -> None:
-    """One entry's key re-derives its id and symbol (check_entries with derive_keys=False)."""
-    _check_key(path, f"{entry.family} key {entry.key_id}", entry, key_class)
+def check_entry_key(path: Path, entry: Entry, key_class: type, derived=None) -> None:
+    """One entry's key re-derives its id and symbol (check_entries with derive_keys=False).
+    `derived`: the caller's key for this entry, if it has one: where its fields are the
+    entry's, its id (worked out already, for a served call) is what is checked."""
+    _check_key(path, f"{entry.family} key {entry.key_id}", entry, key_class, derived)
 
 
 @functools.cache
@@ -104,7 +106,7 @@ def _field_types(key_class) -> dict[str, type]:
     return typing.get_type_hints(key_class)
 
 
-def _check_key(path: Path, what: str, entry: Entry, key_class) -> None:
+def _check_key(path: Path, what: str, entry: Entry, key_class, derived=None) -> None:
     hints = _field_types(key_class)
     for name, value in entry.key.items():
         kind = hints.get(name)
@@ -112,12 +114,10 @@ def _check_key(path: Path, what: str, entry: Entry, key_class) -> None:
             not isinstance(value, kind) or (kind is int and isinstance(value, bool))
         ):
             raise BundleIntegrityError(path, f"{what}: key field {name!r} must be {kind.__name__}")
-    try:
-        key = key_class.from_fields(entry.key)
-    except (TypeError, ValueError) as exc:
-        raise BundleIntegrityError(
-            path, f"{what}: not a valid {entry.family} key ({exc})"
-        ) from None
+    if type(derived) is key_class and derived.fields() == entry.key:
+        key = derived
+    else:
+        key = _key_of(path, what, entry, key_class)
     if key.id != entry.key_id:
         raise BundleIntegrityError(path, f"{what}: the key's canonical JSON gives id {key.id}")
     if key.symbol != entry.symbol:
@@ -126,6 +126,15 @@ def _check_key(path: Path, what: str, entry: Entry, key_class) -> None:
         )
     if key.abi != entry.abi:
         raise BundleIntegrityError(path, f"{what}: abi {entry.abi!r}, the key's is {key.abi!r}")
+
+
+def _key_of(path: Path, what: str, entry: Entry, key_class):
+    try:
+        return key_class.from_fields(entry.key)
+    except (TypeError, ValueError) as exc:
+        raise BundleIntegrityError(
+            path, f"{what}: not a valid {entry.family} key ({exc})"
+        ) from None
 
 
 def check_library(path: Path, manifest: Manifest, library: bytes) -> DynamicInfo:

@@ -269,6 +269,8 @@ def _kernel_for_this_gpu(call, arch: str):
     why = None
     for fields in candidates:
         built = RecordedCallKey.from_fields(fields)
+        if built.call == call.identity_json:  # nearly always: the entry of this very call
+            built.of_call(call.call_id, call.identity)
         if not built.hardware:
             return built, None
         differ = differences(built.replay_data, _device_index())

@@ -94,9 +94,10 @@ class LoadedBundle:
             return None
         return make(num_inputs)
 
-    def function(self, key_id: str) -> Callable:
+    def function(self, key_id: str, key=None) -> Callable:
         """The function of a key (looked up by symbol on first use, then cached): TVM-FFI's,
-        or for a C-ABI entry the DSL's JitCompiledFunction."""
+        or for a C-ABI entry the DSL's JitCompiledFunction. `key`: the caller's key of that id,
+        which the deferred check then uses instead of deriving one from the entry's fields."""
         function = self._functions.get(key_id)
         if function is None:
             entry = self.entries.get(key_id)
@@ -104,7 +105,7 @@ class LoadedBundle:
                 raise KernelNotFoundError("?", key_id, self.arch, [str(self.path)])
             key_class = self.key_class(entry.family) if self.key_class else None
             if key_class is not None:
-                check_entry_key(self.path, entry, key_class)
+                check_entry_key(self.path, entry, key_class, key)
             if entry.abi == "c":
                 if self._c_abi_module is None:
                     self._c_abi_module = _load_c_abi_module(self.path, self.library_fd)

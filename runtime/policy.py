@@ -109,7 +109,7 @@ def resolve(
         return Resolution(jit.compiled_function(key, arch, publish=False), "jit")
 
     try:
-        function = REGISTRY.bundle_function(key.FAMILY, key.id, arch)
+        function = REGISTRY.bundle_function(key.FAMILY, key.id, arch, key)
     except Exception as exc:  # a damaged entry, a library that cannot be read: next step
         if mode is Mode.AOT:
             raise

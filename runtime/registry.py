@@ -287,12 +287,14 @@ class Registry:
         return any(s not in self._env_done for s in sources.environment_sources())
 
     # -- resolution ------------------------------------------------------------------------------
-    def bundle_function(self, family: str, key_id: str, arch: str) -> Callable | None:
+    def bundle_function(self, family: str, key_id: str, arch: str, key=None) -> Callable | None:
+        """The loaded function of `key_id` (None: no bundle holds it); `key`, the caller's key
+        of that id where it has one, spares the entry's check deriving it again."""
         bundle = self._index.get((arch, family, key_id))
         if bundle is None:
             self.load_from_env()
             bundle = self._index.get((arch, family, key_id))
-        return bundle.function(key_id) if bundle else None
+        return bundle.function(key_id, key) if bundle else None
 
     def entry_key(self, family: str, key_id: str, arch: str) -> dict | None:
         """The key fields a loaded bundle's entry was built with (None: no bundle holds it)."""

@@ -89,6 +89,13 @@ class RecordedCallKey(KernelKey):
     def call_data(self) -> dict:
         return json.loads(self.call)
 
+    def of_call(self, call_id: str, call_data: dict) -> RecordedCallKey:
+        """This key, told what a live call of the same `call` string worked out already (its
+        id and data), instead of deriving them again from the 3 KB string: a served call's
+        entry key. The caller has compared the strings."""
+        vars(self).update(call_id=call_id, call_data=call_data)
+        return self
+
     @functools.cached_property
     def replay_data(self) -> dict:
         return json.loads(self.replay)

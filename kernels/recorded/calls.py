@@ -25,6 +25,7 @@ import enum
 import functools
 import hashlib
 import inspect
+import operator
 import typing
 from dataclasses import dataclass
 
@@ -60,6 +61,8 @@ class Call:
     arch: str | None = None  # the architecture the options name, if they do
     # Per argument (positional, then keyword by name): (its identity, the value given).
     arguments: tuple = ()
+    # canonical(identity), where the describer wrote it already (from cached pieces)
+    written_json: str | None = None
 
     def key(self, hardware: dict | None = None, device: dict | None = None) -> RecordedCallKey:
         """The key, with the hardware answers its trace got and the GPU that gave them."""
@@ -77,14 +80,14 @@ class Call:
     @functools.cached_property
     def identity_json(self) -> str:
         """The identity's canonical JSON: what tells one compiled kernel from another."""
-        return canonical(self.identity)
+        return self.written_json or canonical(self.identity)
 
     @functools.cached_property
     def call_id(self) -> str:
         """The id a kernel of this call has where its trace asked the GPU nothing."""
         return RecordedCallKey(call=self.identity_json).call_id
 
-    @property
+    @functools.cached_property
     def tvm_ffi(self) -> bool:
         """Whether the caller compiled for TVM-FFI (then it calls a TVM-FFI function)."""
         return asks_tvm_ffi(self.identity)
@@ -99,13 +102,17 @@ def resolve_target(func, args: tuple) -> tuple[object, tuple]:
     """(the undecorated function, the arguments it is traced with), as `_compile` does."""
     if inspect.ismethod(func):
         args, func = (func.__self__, *args), func.__func__
-    elif not inspect.isfunction(func) and inspect.isfunction(
-        inspect.getattr_static(type(func), "__call__", None)
-    ):
+    elif not inspect.isfunction(func) and _called_as_object(type(func)):
         args, func = (func, *args), type(func).__call__
     while hasattr(func, "__wrapped__"):
         func = func.__wrapped__
     return func, tuple(args)
+
+
+@functools.cache
+def _called_as_object(kind: type) -> bool:
+    """Whether instances of `kind` are compiled as kernel objects (a plain `__call__`)."""
+    return inspect.isfunction(inspect.getattr_static(kind, "__call__", None))
 
 
 def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
@@ -124,36 +131,76 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         if bound.get(variadic):
             raise NotRecreatable(f"{name}: takes *{variadic}, which records do not hold")
     describer = _Describer()
-    identity_args, arguments, env_streams, constants = [], [], set(), []
+    identity_args, arguments, pieces, env_streams, constants = [], [], [], set(), []
     flags = _parameters(target)
+    tensor = _dsl()[1]._Tensor
     for index, (param, value) in enumerate(bound.items()):
-        constant = _is_constexpr(index, param, flags[param], value)
-        described = describer.argument(value, constant, f"argument {param!r}")
+        annotated, takes_type, opening = flags[param]
+        # the DSL's rule (jit_arg_adapters.is_argument_constexpr): `self` first, a constant
+        # annotation, None, or a type where no other annotation says otherwise
+        constant = (
+            annotated
+            or value is None
+            or (index == 0 and param in _SELF)
+            or (takes_type and isinstance(value, type))
+        )
+        kind = type(value)  # the common kinds from the cache, inline: a hit describes them all
+        if kind in _PLAIN:
+            found = _DESCRIBED.get((kind, repr(value)) if constant else kind)
+        elif kind is tensor:
+            found = _DESCRIBED.get(describer.dlpack_facts(value))
+        else:
+            found = None
+        described, text = found or describer.described(value, constant, param)
         identity_args.append([param, described])
         arguments.append((described, value))
+        pieces.append(opening + text + "]")
         constants.append(constant)
         if described is _ENV_STREAM:
             env_streams.add(param)
-    target_data: dict = {"function": name}
-    files = {_source_file(target)}
-    if args and constants[0] and not inspect.isfunction(func):
-        owner = type(args[0])
-        target_data = {"function": name, "object": _qualified(owner)}
-        files.add(_source_file(owner))
-    compile_options = _effective_options(compile_callable, options)
+    owner = type(args[0]) if args and constants[0] and not inspect.isfunction(func) else None
+    target_data, source, tail = _target_facts(target, name, owner)
+    chosen = _effective_options(compile_callable, options)
+    env = settings.environment(CODEGEN_ENV)
     identity = {
         "target": target_data,
-        "source": _hash_files(tuple(sorted(f for f in files if f))),
+        "source": source,
         "args": identity_args,
-        "options": {k: v for k, v in compile_options.items() if k not in HOST_OPTIONS},
-        "env": settings.environment(CODEGEN_ENV),
+        "options": chosen.identity,
+        "env": env,
     }
-    arch = compile_options.get("GPUArch") or None
+    # canonical(identity), its keys in sorted order, written from the pieces' cached JSON
+    written = (
+        f'{{"args":[{",".join(pieces)}],"env":{_env_json(tuple(env.items()))},'
+        f'"options":{chosen.json},{tail}'
+    )
+    arch = chosen.arch
     env_streams |= _env_stream_defaults(target) - bound.keys()
     if env_streams:  # in the signature's order, as the DSL's spec names them
         env_streams = [param for param in flags if param in env_streams]
     signature = _wrapper_spec(target, tuple(env_streams))
-    return Call(identity, signature, arch, tuple(arguments))
+    return Call(identity, signature, arch, tuple(arguments), written)
+
+
+_SELF = ("self", "cls")
+
+
+@functools.cache
+def _target_facts(target, name: str, owner: type | None) -> tuple[dict, str, str]:
+    """(the identity's target, its source hash, how its JSON ends from "source" on) of a
+    function compiled, or of a kernel object's class and its `__call__`."""
+    target_data: dict = {"function": name}
+    files = {_source_file(target)}
+    if owner is not None:
+        target_data = {"function": name, "object": _qualified(owner)}
+        files.add(_source_file(owner))
+    source = _hash_files(tuple(sorted(f for f in files if f)))
+    return target_data, source, f'"source":{canonical(source)},"target":{canonical(target_data)}}}'
+
+
+@functools.lru_cache(maxsize=64)
+def _env_json(items: tuple) -> str:
+    return canonical(dict(items))
 
 
 # What depends only on the function compiled, or only on the options, is worked out once per
@@ -201,9 +248,10 @@ def _hash_files(paths: tuple[str, ...]) -> str:
 
 
 @functools.cache
-def _parameters(target) -> dict[str, tuple[bool, bool]]:
-    """name -> (annotated as a constant, a type passed to it is a constant) of each parameter
-    (jit_arg_adapters.is_arg_annotation_constexpr), worked out once per target."""
+def _parameters(target) -> dict[str, tuple[bool, bool, str]]:
+    """name -> (annotated as a constant, a type passed to it is a constant, how the argument's
+    entry in the identity JSON opens) of each parameter (jit_arg_adapters.
+    is_arg_annotation_constexpr), worked out once per target."""
     from cutlass import Constexpr
 
     found = {}
@@ -216,7 +264,7 @@ def _parameters(target) -> dict[str, tuple[bool, bool]]:
             and issubclass(annotation, Constexpr)
         )
         takes_type = annotation is inspect.Parameter.empty or typing.get_origin(annotation) is type
-        found[name] = (annotated, takes_type)
+        found[name] = (annotated, takes_type, f"[{canonical(name)},")
     return found
 
 
@@ -259,42 +307,47 @@ def _variadic(target) -> tuple[str, ...]:
     )
 
 
-def _is_constexpr(index: int, name: str, flags: tuple[bool, bool], value) -> bool:
-    """The DSL's rule (jit_arg_adapters.is_argument_constexpr): `self` first, a constant
-    annotation, a type passed where no other annotation says otherwise, or None: baked into
-    the binary."""
-    annotated, takes_type = flags
-    if annotated or value is None or (index == 0 and name in ("self", "cls")):
-        return True
-    return takes_type if isinstance(value, type) else False
+@dataclass(frozen=True)
+class _Options:
+    """The options a compile uses, as its identity holds them (never mutated: shared)."""
+
+    identity: dict  # {option class name: value} differing from the defaults, less HOST_OPTIONS
+    json: str  # canonical(identity)
+    arch: str | None  # the GPUArch they name
+
+    @classmethod
+    def of(cls, effective: dict) -> _Options:
+        identity = {k: v for k, v in effective.items() if k not in HOST_OPTIONS}
+        return cls(identity, canonical(identity), effective.get("GPUArch") or None)
 
 
-def _effective_options(compile_callable, options) -> dict:
-    """{option class name: value} of what the compile uses, defaults left out: once per set of
-    option values (`cute.compile[...]` makes a new CompileCallable at every call site run)."""
+def _effective_options(compile_callable, options) -> _Options:
+    """What the compile uses, defaults left out: once per set of option values
+    (`cute.compile[...]` makes a new CompileCallable at every call site run)."""
     last = _last_options
     if last[0] is compile_callable and last[1] == options:  # `cute.compile` itself, mostly
-        return dict(last[2])
+        return last[2]
     chosen = compile_callable._compile_options.options
     try:
-        values = tuple((cls, option.value) for cls, option in chosen.items())
+        values = (tuple(chosen), tuple(map(_VALUE, chosen.values())))
         return _options_of(values, options if isinstance(options, str) else None, compile_callable)
     except TypeError:  # an unhashable option value: worked out afresh
-        return _work_out_options(compile_callable, options)
+        return _Options.of(_work_out_options(compile_callable, options))
 
 
+_VALUE = operator.attrgetter("value")
 _options_cache: dict = {}
-_last_options: tuple = (None, None, {})  # (the CompileCallable, options, what they were)
+_last_options: tuple = (None, None, None)  # (the CompileCallable, options, what they were)
 
 
-def _options_of(values: tuple, options: str | None, compile_callable) -> dict:
+def _options_of(values: tuple, options: str | None, compile_callable) -> _Options:
     global _last_options
     key = (values, options)
     found = _options_cache.get(key)
     if found is None:
-        found = _options_cache[key] = _work_out_options(compile_callable, options)
+        found = _options_cache[key] = _Options.of(_work_out_options(compile_callable, options))
     _last_options = (compile_callable, options, found)
-    return dict(found)
+    return found
 
 
 def _work_out_options(compile_callable, options) -> dict:
@@ -372,6 +425,12 @@ def _dsl():
 
 _PLAIN = (bool, int, float, str, type(None))
 _ENV_STREAM = {"stream": "env"}
+# What an argument is made of -> (its description, that description's canonical JSON): a
+# server's arguments repeat (a few dtypes and layouts, the same flags), so the common kinds are
+# described and written once. Never mutated; cleared when a program's endless distinct
+# constants fill it.
+_DESCRIBED: dict[tuple, tuple[dict, str]] = {}
+_DESCRIBED_MAX = 4096
 
 
 class _Describer:
@@ -381,6 +440,26 @@ class _Describer:
     def __init__(self):
         self.symbols: dict[int, int] = {}
         self.describing: set[int] = set()  # objects whose state is being described (cycles)
+
+    def described(self, value, constant: bool, param: str) -> tuple[dict, str]:
+        """(argument `param`'s description, its canonical JSON): plain values and tensors from
+        the cache, whatever else described afresh (a fake tensor's symbols are per call)."""
+        kind = type(value)
+        if kind in _PLAIN:
+            made_of = (kind, repr(value)) if constant else kind  # repr: -0.0, nan
+        elif isinstance(value, _dsl()[1]._Tensor):
+            made_of = self.dlpack_facts(value)
+        else:
+            described = self.argument(value, constant, f"argument {param!r}")
+            return described, canonical(described)
+        found = _DESCRIBED.get(made_of)
+        if found is None:
+            described = self.argument(value, constant, f"argument {param!r}")
+            found = (described, canonical(described))
+            if len(_DESCRIBED) >= _DESCRIBED_MAX:
+                _DESCRIBED.clear()
+            _DESCRIBED[made_of] = found
+        return found
 
     def argument(self, value, constant: bool, where: str) -> dict:
         kind = type(value)
@@ -456,16 +535,29 @@ class _Describer:
         }
 
     @staticmethod
-    def _dlpack_tensor(tensor) -> dict:
+    def dlpack_facts(tensor) -> tuple:
+        """("dlpack", dtype, layout, alignment, 32-bit strides, TVM-FFI): what its description
+        holds."""
         if tensor._dltensor_wrapper is None:
             tensor.load_dltensor()
+        return (
+            "dlpack",
+            tensor.element_type.__name__,
+            tensor._dltensor_wrapper.cache_key(),  # static sizes, ? for dynamic modes
+            tensor._assumed_align,
+            bool(tensor._use_32bit_stride),
+            hasattr(tensor, "_tvm_ffi_tensor"),
+        )
+
+    def _dlpack_tensor(self, tensor) -> dict:
+        _, dtype, layout, align, stride32, tvm_ffi = self.dlpack_facts(tensor)
         return {
             "dlpack": {
-                "dtype": tensor.element_type.__name__,
-                "layout": tensor._dltensor_wrapper.cache_key(),  # static sizes, ? for dynamic modes
-                "align": tensor._assumed_align,
-                "stride32": bool(tensor._use_32bit_stride),
-                "tvm_ffi": hasattr(tensor, "_tvm_ffi_tensor"),
+                "dtype": dtype,
+                "layout": layout,
+                "align": align,
+                "stride32": stride32,
+                "tvm_ffi": tvm_ffi,
             }
         }
 
