@@ -47,7 +47,7 @@ def _aot_build(tmp_path, *args) -> subprocess.CompletedProcess:
 
 
 # -- the key, derived without tracing -------------------------------------------------------------
-def _key(n=1000, block=128, align=16, dtype="float32", factor=2.0):
+def _described(n=1000, block=128, align=16, dtype="float32", factor=2.0):
     import cutlass.cute as cute
 
     from cute_aot.kernels.recorded.calls import describe_call
@@ -56,7 +56,11 @@ def _key(n=1000, block=128, align=16, dtype="float32", factor=2.0):
 
     x, y, _, stream = arguments(n, align, dtype)
     options = cute.compile[cute.GPUArch("sm_90a"), cute.EnableTVMFFI(True)]
-    return describe_call(options, scale, (x, y, factor, stream), {"block": block}).key()
+    return describe_call(options, scale, (x, y, factor, stream), {"block": block})
+
+
+def _key(**given):
+    return _described(**given).key()
 
 
 def test_the_key_ignores_runtime_values_and_keeps_compile_time_ones():
@@ -80,6 +84,24 @@ def test_the_key_ignores_runtime_values_and_keeps_compile_time_ones():
         }
     }
     assert base.replay_data["examples"][0]["shape"] == [1000]
+
+
+def test_the_identity_json_is_written_exactly_as_canonical_json_writes_it():
+    """A hit writes the identity's JSON from cached pieces: byte for byte canonical(identity),
+    constants the cache could confuse included (-0.0 and 0.0, 1 and True, NaN), and the same
+    again when every piece comes from the cache."""
+    from cute_aot.kernels.recorded import canonical
+
+    constants = [128, 1, True, 0.0, -0.0, float("nan"), None, 'quote " and \u00e9']
+    given = [{"block": b} for b in constants] + [{"align": 8}, {"dtype": "bfloat16"}, {"n": 7}]
+    first = [_described(**g) for g in given]
+    again = [_described(**g) for g in given]
+    for call, repeated in zip(first, again, strict=True):
+        assert call.identity_json == canonical(call.identity)
+        assert repeated.identity_json == call.identity_json
+    ids = [call.call_id for call in first]
+    assert len(set(ids)) == len(ids) - 1  # only a dynamic size (n=7) keeps the id of block=128
+    assert ids[-1] == ids[0]
 
 
 def test_served_functions_of_one_signature_share_its_wrapper_and_each_calls_its_own():
