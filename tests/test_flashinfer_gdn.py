@@ -157,7 +157,7 @@ def test_the_public_function_calls_the_bundles_kernel(
     kernel = RecordingKernel(expected.id)
     lookups = []
 
-    def bundle_function(family_name, key_id, arch):
+    def bundle_function(family_name, key_id, arch, key=None):
         lookups.append((family_name, key_id, arch))
         return kernel if key_id == expected.id else None
 
@@ -274,7 +274,7 @@ WORKER = textwrap.dedent(
     flashinfer_gdn.build_and_load_cute_dsl_kernel = refuse
     called, served = [], {}
     real_function = LoadedBundle.function
-    def function(self, key_id):
+    def function(self, key_id, key=None):
         real = real_function(self, key_id)
         def stand_in(*args):  # records instead of launching (no GPU here)
             called.append((key_id, type(real).__name__, len(args)))

@@ -324,7 +324,7 @@ def test_a_hit_is_stored_as_flashinfers_own_value(patched_cache, monkeypatch):
     cache, _ = patched_cache
     asked = []
 
-    def bundle_function(family, key_id, arch):
+    def bundle_function(family, key_id, arch, key=None):
         asked.append((family, key_id, arch))
         return "the bundle's function"
 
@@ -404,7 +404,7 @@ print("install", served.install(["flashinfer_mxfp8_gemm"]))
 real = REGISTRY.bundle_function
 handed, called = {{}}, []
 
-def bundle_function(family, key_id, arch):
+def bundle_function(family, key_id, arch, key=None):
     function = real(family, key_id, arch)
     assert function is bundle.function(key_id)
     def stand_in(*args):

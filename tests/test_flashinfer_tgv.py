@@ -413,7 +413,7 @@ def test_the_public_function_calls_the_bundles_kernel_with_the_swapped_views(
     assert len(kernels) == 4  # pdl None and False are one key
     lookups = []
 
-    def bundle_function(family_name, key_id, arch):
+    def bundle_function(family_name, key_id, arch, key=None):
         lookups.append((family_name, key_id, arch))
         return kernels.get(key_id)
 
@@ -460,7 +460,7 @@ def test_a_b300_gets_the_sm103a_kernel_and_sm107_tactics_stay_flashinfers(
     kernel = RecordingKernel("any")
     asked = []
 
-    def bundle_function(family_name, key_id, arch):
+    def bundle_function(family_name, key_id, arch, key=None):
         asked.append(arch)
         return kernel
 
@@ -638,7 +638,7 @@ WORKER = textwrap.dedent(
     flashinfer_tgv._get_compiled_cute_ext_kernel = refuse
     called = []
     real_function = LoadedBundle.function
-    def function(self, key_id):
+    def function(self, key_id, key=None):
         real = real_function(self, key_id)
         def stand_in(*args):  # records instead of launching (no GPU here)
             called.append((self.arch, key_id, type(real).__name__, args))
