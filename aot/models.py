@@ -1,7 +1,7 @@
 """Build plans from models: named presets and local Hugging Face `config.json` files.
 
 A model is its config (a dict, as in config.json). Each kernel family reads from it the shapes it
-serves (`KernelFamily.shapes_from_model`), so this module knows no family and no config field
+serves (`ModelShapes.shapes_from_model`), so this module knows no family and no config field
 beyond where multimodal configs nest the language model. Nothing here touches the network: a
 config is a file the release pipeline already has.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cute_aot.artifacts.errors import ModelConfigError, UnsupportedProblemError
-from cute_aot.kernels import KernelFamily
+from cute_aot.kernels import KernelFamily, ModelShapes, capability
 
 Shape = tuple[int, ...]
 
@@ -145,10 +145,14 @@ def _model_name(config: dict, path: Path) -> str:
 
 
 def family_shapes(model: Model, family: KernelFamily) -> list[Shape]:
-    """The shapes `family` needs for `model` ([] when it has nothing for it)."""
+    """The shapes `family` needs for `model` ([] when it has nothing for it, or reads no
+    model configs)."""
+    reader = capability(family, ModelShapes)
+    if reader is None:
+        return []
     try:
         # A copy: a family must not be able to change a preset for the next caller.
-        return list(family.shapes_from_model(dict(model.config)))
+        return list(reader.shapes_from_model(dict(model.config)))
     except UnsupportedProblemError as exc:
         raise ModelConfigError(model.where, f"model {model.name}: {exc}") from None
 

@@ -44,7 +44,7 @@ def main(bundles, calls, turns, out_path):
     router = family("router_gemm")
     router_gemm = op("router_gemm")
     arch = current_gpu_arch()
-    m, k, n = 1, 7168, 256
+    m, n, k = 1, 256, 7168
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
     out = torch.empty(m, n, device="cuda")
@@ -68,7 +68,7 @@ def main(bundles, calls, turns, out_path):
     )
     results["c_hit_path"] = ops.family_op("router_gemm").dispatcher is not None
     report = {
-        "problem": [m, k, n],
+        "problem": {"m": m, "n": n, "k": k},  # named: a bare list once read (M, K, N)
         "calls_per_turn": calls,
         "turns": turns,
         "us_per_call": results,

@@ -26,13 +26,14 @@ from rich.progress import track
 from cute_aot.aot.compile_worker import compile_to_object
 from cute_aot.aot.pack import pack_bundle
 from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.kernels.router_gemm import RouterGemmKey, dispatch, enumerate_keys
+from cute_aot.kernels.router_gemm import RouterGemmKey, RouterProblem, enumerate_keys, family
 
 
 def synthetic_keys(count: int, arch: str) -> list[RouterGemmKey]:
     keys = []
     for k, m in itertools.product(range(8, 2049, 8), range(1, 5)):
-        keys.append(dispatch(m, k, 256, arch))
+        # named: K < 256 = N here, which positional dims would refuse as the older order
+        keys.append(family.dispatch(RouterProblem(m=m, n=256, k=k), arch).key)
         if len(keys) == count:
             return keys
     raise click.ClickException(f"at most {len(keys)} synthetic keys")

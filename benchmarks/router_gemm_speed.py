@@ -86,7 +86,7 @@ def main(bundles, out_path, max_m):
             ours = lambda: router_gemm(x, w, out=out)  # noqa: E731
             bf16 = lambda: F.linear(x, w).float()  # noqa: E731
             fp32 = lambda: torch.mm(x32, w32.t())  # noqa: E731
-            row = {"k": k, "n": n, "m": m, "key": dispatch(m, k, n, arch).describe()}
+            row = {"k": k, "n": n, "m": m, "key": dispatch(m, n, k, arch).describe()}
             for name, fn in (("ours", ours), ("cublas_bf16", bf16), ("cublas_fp32", fp32)):
                 row[f"{name}_graph_us"] = graph_time_us(fn)
                 row[f"{name}_eager_us"] = eager_time_us(fn)

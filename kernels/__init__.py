@@ -9,23 +9,47 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
-import importlib.util
 import threading
 import warnings
 from importlib import metadata
 from pathlib import Path
 
+from cute_aot.artifacts.digest import file_source, source_digest
+from cute_aot.artifacts.digest import module_file as _module_file
+from cute_aot.artifacts.digest import module_source as _module_source  # tests patch it here
 from cute_aot.artifacts.errors import UnsupportedProblemError
-from cute_aot.kernels.contract import Dispatch, KernelFamily, Patch, TensorArg, ValueArg
+from cute_aot.kernels.contract import (
+    CAPABILITIES,
+    Adapter,
+    Dispatch,
+    KernelFamily,
+    ModelShapes,
+    Patch,
+    TensorArg,
+    TorchModelShapes,
+    TorchReference,
+    Tuner,
+    TuningCache,
+    ValueArg,
+    capability,
+    requirements,
+)
 
 __all__ = [
+    "CAPABILITIES",
     "ENTRY_POINT_GROUP",
+    "Adapter",
     "Dispatch",
     "KernelFamily",
+    "ModelShapes",
     "Patch",
     "TensorArg",
+    "TorchModelShapes",
+    "TorchReference",
+    "Tuner",
+    "TuningCache",
     "ValueArg",
+    "capability",
     "families",
     "family",
     "family_facts",
@@ -144,10 +168,7 @@ def family(name: str) -> KernelFamily:
 
 def hash_modules(modules: list[str]) -> str:
     """sha256 over the named modules' current source files (read, never imported)."""
-    digest = hashlib.sha256()
-    for module in sorted(modules):
-        digest.update(module.encode() + b"\0" + _module_source(module) + b"\0")
-    return digest.hexdigest()
+    return source_digest((module, _module_source(module)) for module in sorted(modules))
 
 
 def source_is_current(name: str, facts: dict) -> bool:
@@ -198,19 +219,6 @@ def binary_modules(name: str) -> list[str]:
 KEY_MODULE = "cute_aot.kernels.keys"
 
 
-def _module_file(module: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    return spec.origin if spec is not None and spec.has_location else None
-
-
-def _module_source(module: str) -> bytes:
-    origin = _module_file(module)
-    return Path(origin).read_bytes() if origin else b"<absent>"
-
-
 def _imports(module: str, root: str) -> list[str]:
     """Modules of package `root` that `module` imports (absolute names; `from a import b` gives
     a.b when that is a module), read from its source with ast. Other packages are never looked
@@ -250,7 +258,7 @@ def family_facts(name: str) -> dict:
         "source_modules": binary_modules(name),  # what staleness re-hashes at load
         "abi": found.abi_record(),
     }
-    if found.requires:
+    if requirements(found):
         facts["foreign"] = foreign_facts(name)
     return facts
 
@@ -258,21 +266,22 @@ def family_facts(name: str) -> dict:
 @functools.cache
 def foreign_facts(name: str) -> dict[str, dict[str, str | None]]:
     """{distribution: {version, source_hash}} of the other distributions a family's kernels come
-    from (its `requires`); the hash covers the files named in its `foreign_sources`. Read from
-    the installed files, never imported (importing FlashInfer imports cutlass)."""
-    found = family(name)
+    from (an Adapter's `requires`); the hash covers the files named in its `foreign_sources`.
+    Read from the installed files, never imported (importing FlashInfer imports cutlass)."""
+    adapter = capability(family(name), Adapter)
+    if adapter is None:
+        return {}
     facts = {}
-    for distribution in found.requires:
+    for distribution in adapter.requires:
         try:
             installed = metadata.distribution(distribution)
         except metadata.PackageNotFoundError:
             facts[distribution] = {"version": None, "source_hash": None}
             continue
-        digest = hashlib.sha256()
-        for owner, relative in found.foreign_sources:
-            if owner == distribution:
-                path = Path(str(installed.locate_file(relative)))
-                data = path.read_bytes() if path.is_file() else b"<absent>"
-                digest.update(relative.encode() + b"\0" + data + b"\0")
-        facts[distribution] = {"version": installed.version, "source_hash": digest.hexdigest()}
+        digest = source_digest(
+            (relative, file_source(Path(str(installed.locate_file(relative)))))
+            for owner, relative in adapter.foreign_sources
+            if owner == distribution
+        )
+        facts[distribution] = {"version": installed.version, "source_hash": digest}
     return facts

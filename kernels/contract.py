@@ -11,39 +11,13 @@ The object and the module that defines it are pure Python: a server imports them
 path, so they never import cutlass (and import torch only inside the methods that take tensors).
 The CuTe DSL code lives in the module named by `builder`, imported only to build or to JIT.
 
-What a family declares:
+`KernelFamily` is the required part, what every family needs to be built and served: identity
+(name, version), the Key class, archs, the exported function's ABI, the problems of a shape (key
+enumeration), dispatch (a pure function of problem, arch and table) and compile(key, arch).
 
-    name, version       identity; bump `version` when codegen changes in a way the key does not show
-    Key                 the frozen key class (kernels/keys.py): everything that changes the binary
-    archs               architectures it is built for; the build and the loader respect them
-    abi                 the exported function's arguments, in order: name, dtype, rank, layout,
-                        alignment, which one is the output. Recorded in each bundle's manifest and
-                        compared at load: a bundle built against another ABI is never called.
-    problem(*inputs)    the problem (a hashable tuple with dtypes) read from the op's tensors
-    dispatch(problem, arch[, table]) -> Dispatch(key, reason): the one rule, with a reason that
-                        `aot-cache explain` prints (so the explanation cannot drift from the rule)
-    default_table(arch) the tactic table dispatch reads, as data (kernels/tables.py), or None;
-                        bundles carry the table they were built with, and servers dispatch with it
-    tune_problems, tune_candidates, tuned_table   what `aot-tune` measures and makes of it
-                        (`aot-build --all-tactics` builds every candidate of the shapes)
-    problems(shape)     every problem a server can ask for with one weight shape (e.g. M = 1..16)
-    default_shapes, shapes_from_model(config)   what the build enumerates keys from
-    shapes_from_torch_model(module)             what a server warms up
-    input_shapes(problem), output_shape(problem)   (None for an optional input left out)
-    bind(function, problem)   what the op calls (optional inputs: a stand-in for None)
-    reference(*inputs)  a torch implementation: tests and the torch fallback of mode auto
-    builder             module with `compile(key, arch)`, imported only by builds and JIT
-
-Families whose kernels serve another library's public function (FlashInfer's CuTe DSL kernels)
-declare that instead of an op:
-
-    serves              the library function they serve, e.g. "flashinfer.mm_mxfp8"; such a
-                        family has no cute-aot op, and `patches(serving)` says where the library
-                        looks its compiled kernels up (cute_aot.runtime.serving applies them)
-    requires            the other distributions their code comes from, pinned exactly; their
-    foreign_sources     versions and these files' hash are staleness facts of every bundle
-    keys_from_tuning_cache(path, arch)   the keys the library's saved autotuning chose
-                        (`aot-build --flashinfer-tuned FILE`)
+Everything else is an optional protocol below, implemented by defining its members (another
+project's family needs no import of them) or by subclassing it for its defaults. Callers ask
+`capability(family, Protocol)`, the one check, and never probe attributes themselves.
 """
 
 from __future__ import annotations
@@ -53,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import normalize_arch
@@ -127,60 +101,34 @@ class Dispatch:
 
 
 class KernelFamily:
-    """Subclass, set the class attributes, implement the methods, register an instance."""
+    """The required part. Subclass, set the class attributes, implement `dispatch`, `problems`
+    and (for a family with an op) `problem`, `input_shapes`, `output_shape`; register an
+    instance. The rest has defaults."""
 
+    # -- required --------------------------------------------------------------------------------
     name: ClassVar[str]
-    version: ClassVar[int]
-    Key: ClassVar[type[KernelKey]]
-    archs: ClassVar[tuple[str, ...]]
+    version: ClassVar[int]  # bump when codegen changes in a way the key does not show
+    Key: ClassVar[type[KernelKey]]  # frozen (kernels/keys.py): everything that changes the binary
+    archs: ClassVar[tuple[str, ...]]  # built for these; the build and the loader respect them
+    # The exported function's arguments in order; recorded in each bundle's manifest and compared
+    # at load: a bundle built against another ABI is never called.
     abi: ClassVar[tuple[TensorArg | ValueArg, ...]]
     builder: ClassVar[str]  # "package.module" defining compile(key, arch)
-    default_shapes: ClassVar[tuple[Shape, ...]] = ()
-    # A shape's dims in order (`aot-build --shape FAMILY:N,K`), for help texts and `parse_ints`;
-    # GEMMs write the weight's shape, w [N, K], so every family and command reads one order.
-    # Each family also takes its dims named, in any order (`N=256,K=7168`), and may refuse a
-    # positional form it could misread (e.g. N > K where that means an older K,N order).
-    shape_syntax: ClassVar[str] = ""
-    # The one family that `--shape DIMS` without a `FAMILY:` prefix means (older command lines).
-    unprefixed_shapes: ClassVar[bool] = False
-    # Families serving another library's function instead of an op (see the module docstring).
-    serves: ClassVar[str | None] = None
-    requires: ClassVar[dict[str, str]] = {}  # distribution -> the exact version built against
-    foreign_sources: ClassVar[tuple[tuple[str, str], ...]] = ()  # (distribution, file in it)
-
-    # -- problems --------------------------------------------------------------------------------
-    def problem(self, *inputs) -> Problem:
-        """The problem of an op call (shapes and dtypes), after the runtime checked the ABI."""
-        raise NotImplementedError
 
     def dispatch(self, problem: Problem, arch: str) -> Dispatch:
+        """The one rule, with the reason `aot-cache explain` prints. Families with a table take
+        `dispatch(problem, arch, table)` (see `default_table`)."""
         raise NotImplementedError
 
     def problems(self, shape: Shape) -> Iterable[Problem]:
-        """Every problem a server asks for with this weight shape."""
+        """Every problem a server asks for with this weight shape (key enumeration)."""
         raise NotImplementedError
 
-    def parse_shape(self, text: str) -> Shape:
-        """`aot-build --shape` text -> a shape; UnsupportedProblemError when it is not one."""
-        return parse_ints(self, text, self.shape_syntax)
-
-    def parse_problem(self, text: str, dtypes: str | None = None) -> Problem:
-        """`aot-cache explain --shape` text (and `--dtype`) -> a problem."""
+    def problem(self, *inputs) -> Problem:
+        """The problem of an op call (shapes and dtypes), after the runtime checked the ABI.
+        Families with `serves` (Adapter) have no op and leave this out."""
         raise NotImplementedError
 
-    def shapes_from_model(self, config: dict[str, Any]) -> list[Shape]:
-        """The shapes a model (a Hugging Face config.json as a dict) needs; [] when none."""
-        return []
-
-    def shapes_from_torch_model(self, model) -> list[Shape]:
-        """The shapes a loaded torch model's weights ask for (server warm-up); [] when none."""
-        return []
-
-    def describe_problem(self, problem: Problem) -> dict[str, Any]:
-        """The problem as named fields (miss log, messages)."""
-        return {f"p{i}": value for i, value in enumerate(problem)}
-
-    # -- tensors ---------------------------------------------------------------------------------
     def input_shapes(self, problem: Problem) -> tuple[tuple[int, ...], ...]:
         """The input tensors' shapes of a problem, in ABI order (warm-up fills the op's table)."""
         raise NotImplementedError
@@ -188,9 +136,55 @@ class KernelFamily:
     def output_shape(self, problem: Problem) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def reference(self, *inputs):
-        """The torch implementation: returns the output tensor (tests, torch fallback)."""
+    def parse_problem(self, text: str, dtypes: str | None = None) -> Problem:
+        """`aot-cache explain --shape` text (and `--dtype`) -> a problem."""
         raise NotImplementedError
+
+    # -- defaulted -------------------------------------------------------------------------------
+    default_shapes: ClassVar[tuple[Shape, ...]] = ()  # what a build enumerates without --shape
+    # A shape's dims in order (`aot-build --shape FAMILY:N,K`), for help texts and `parse_ints`;
+    # GEMMs write the weight's shape, w [N, K], so every family and command reads one order.
+    # Each family also takes its dims named, in any order (`N=256,K=7168`), and may refuse a
+    # positional form it could misread (e.g. N > K where that means an older K,N order).
+    shape_syntax: ClassVar[str] = ""
+    # The one family that `--shape DIMS` without a `FAMILY:` prefix means (older command lines).
+    unprefixed_shapes: ClassVar[bool] = False
+
+    def parse_shape(self, text: str) -> Shape:
+        """`aot-build --shape` text -> a shape; UnsupportedProblemError when it is not one."""
+        return parse_ints(self, text, self.shape_syntax)
+
+    def describe_problem(self, problem: Problem) -> dict[str, Any]:
+        """The problem as named fields (miss log, messages)."""
+        return {f"p{i}": value for i, value in enumerate(problem)}
+
+    def default_table(self, arch: str) -> Table | None:
+        """The tactic table dispatch reads, as data (kernels/tables.py); None when it reads
+        none. Bundles carry the table they were built with, and servers dispatch with it."""
+        return None
+
+    def bind(self, function, problem: Problem):
+        """What the op calls for `problem` with the arguments in ABI order, given the exported
+        function. Families with optional inputs wrap `function` here to pass, where the op got
+        None, a tensor the kernel of `problem`'s key never reads."""
+        return function
+
+    def compile(self, key: KernelKey, arch: str):
+        """Cross-compile `key` for `arch` (imports the builder, and with it cutlass)."""
+        return importlib.import_module(self.builder).compile(key, arch)
+
+    def enumerate_keys(
+        self, arch: str, shapes: Sequence[Shape] | None = None, table: Table | None = None
+    ) -> list[KernelKey]:
+        """The distinct keys dispatch yields for these shapes (with `table`, for families that
+        read one): exactly what servers with this table will ask."""
+        shapes = self.default_shapes if shapes is None else shapes
+        keys = {
+            dispatch_with(self, p, arch, table).key
+            for shape in shapes
+            for p in self.problems(shape)
+        }
+        return sorted(keys, key=lambda key: key.canonical_json())
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -206,12 +200,6 @@ class KernelFamily:
         """The ABI as manifest data."""
         return [arg.record() for arg in self.abi]
 
-    def bind(self, function, problem: Problem):
-        """What the op calls for `problem` with the arguments in ABI order, given the exported
-        function. Families with optional inputs wrap `function` here to pass, where the op got
-        None, a tensor the kernel of `problem`'s key never reads."""
-        return function
-
     def supports(self, arch: str) -> bool:
         return arch in self.archs
 
@@ -226,9 +214,9 @@ class KernelFamily:
         return arch
 
     def missing_requirements(self) -> str | None:
-        """Why this family cannot be built or served in this environment (a distribution it
-        requires is absent or at another version); None when it can."""
-        for distribution, version in self.requires.items():
+        """Why this family cannot be built or served in this environment (a distribution its
+        Adapter requires is absent or at another version); None when it can."""
+        for distribution, version in requirements(self).items():
             try:
                 installed = metadata.version(distribution)
             except metadata.PackageNotFoundError:
@@ -237,58 +225,114 @@ class KernelFamily:
                 return f"{self.name} is built against {distribution}=={version}, not {installed}"
         return None
 
-    def keys_from_tuning_cache(self, path: Path, arch: str) -> list[KernelKey]:
-        """The keys the served library's own autotuning chose, read from its saved results
-        (`aot-build --flashinfer-tuned FILE`: FlashInfer's `autotune(cache=FILE)` JSON); [] when
-        the file names nothing of this family."""
+    def __repr__(self) -> str:
+        return f"<kernel family {self.name} v{self.version} ({', '.join(self.archs)})>"
+
+
+# -- optional protocols ------------------------------------------------------------------------
+# Runtime-checkable, so a family that defines the members has the capability whatever it
+# subclasses (external families predate these classes); subclassing one gives its defaults.
+
+
+@runtime_checkable
+class ModelShapes(Protocol):
+    """Shapes from a model's configuration: `aot-build --model-config` / `--model`."""
+
+    def shapes_from_model(self, config: dict[str, Any]) -> list[Shape]:
+        """The shapes a model (a Hugging Face config.json as a dict) needs; [] when none."""
         return []
 
-    def patches(self, serving) -> list[Patch]:
-        """Where the served library looks up its compiled kernels (families with `serves`).
-        `serving.function(key, arch, problem)` gives the prebuilt function of a key, or None
-        where the library should compile as before (mode auto records the miss; mode aot
-        raises instead)."""
-        raise NotImplementedError(f"{self.name} serves no other library")
 
-    def enumerate_keys(
-        self, arch: str, shapes: Sequence[Shape] | None = None, table: Table | None = None
-    ) -> list[KernelKey]:
-        """The distinct keys dispatch yields for these shapes (with `table`, for families that
-        read one): exactly what servers with this table will ask."""
-        shapes = self.default_shapes if shapes is None else shapes
-        keys = {
-            dispatch_with(self, p, arch, table).key
-            for shape in shapes
-            for p in self.problems(shape)
-        }
-        return sorted(keys, key=lambda key: key.canonical_json())
+@runtime_checkable
+class TorchModelShapes(Protocol):
+    """Shapes from a loaded torch model: what `preload_model` warms up."""
 
-    # -- dispatch tables (kernels/tables.py) and tuning -----------------------------------------
-    def default_table(self, arch: str) -> Table | None:
-        """The package's own table for `arch`; None when this family's dispatch reads none.
-        Families with tables take `dispatch(problem, arch, table)`, None meaning this one."""
-        return None
+    def shapes_from_torch_model(self, model) -> list[Shape]:
+        """The shapes a loaded torch model's weights ask for; [] when none."""
+        return []
+
+
+@runtime_checkable
+class TorchReference(Protocol):
+    """A torch implementation: tests, `aot-tune`'s correctness check, mode auto's last fallback.
+    Without one, a miss that cannot be compiled raises instead."""
+
+    def reference(self, *inputs):
+        """The output tensor for these inputs."""
+        raise NotImplementedError
+
+
+@runtime_checkable
+class Tuner(Protocol):
+    """Several keys can serve a problem: what `aot-tune` times (`aot-build --all-tactics` builds
+    them all) and, for a family with a `default_table`, the table made of the winners."""
 
     def tune_problems(self, shape: Shape) -> Iterable[Problem]:
-        """The problems `aot-tune` measures for a shape (default: every problem of it)."""
-        return self.problems(shape)
+        """The problems measured for a shape (default: every problem of it)."""
+        return self.problems(shape)  # a Tuner is a KernelFamily
 
     def tune_candidates(self, problem: Problem, arch: str) -> list[KernelKey]:
-        """Every key that serves `problem` and is worth timing for it (default: the dispatched)."""
-        return [self.dispatch(problem, arch).key]
+        """Every key that serves `problem` and is worth timing for it."""
+        raise NotImplementedError
 
     def tuned_table(self, arch: str, winners: list, provenance: dict[str, Any]) -> Table:
         """A table from measurements. winners: [(problem, key, {key id: microseconds})], the
         key being the fastest correct candidate of the problem. A family may also take
         `base=` (a Table): `aot-tune --base` then keeps its rows where nothing new covers them."""
-        raise NotImplementedError(f"{self.name} has no dispatch table to tune")
+        raise NotImplementedError(f"{type(self).__name__} has no dispatch table to tune")
 
-    def compile(self, key: KernelKey, arch: str):
-        """Cross-compile `key` for `arch` (imports the builder, and with it cutlass)."""
-        return importlib.import_module(self.builder).compile(key, arch)
 
-    def __repr__(self) -> str:
-        return f"<kernel family {self.name} v{self.version} ({', '.join(self.archs)})>"
+@runtime_checkable
+class TuningCache(Protocol):
+    """The served library saves its own autotuning (`aot-build --flashinfer-tuned FILE`)."""
+
+    def keys_from_tuning_cache(self, path: Path, arch: str) -> list[KernelKey]:
+        """The keys that library's autotuning chose, read from its saved results (FlashInfer's
+        `autotune(cache=FILE)` JSON); [] when the file names nothing of this family."""
+        return []
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """Kernels that serve another library's public function (FlashInfer's CuTe DSL kernels)
+    instead of a cute-aot op; cute_aot.runtime.serving applies the patches."""
+
+    serves: ClassVar[str]  # the function served, e.g. "flashinfer.mm_mxfp8"
+    # The distributions the kernels' code comes from, pinned exactly, and files of theirs: their
+    # versions and the files' hash are staleness facts of every bundle.
+    requires: ClassVar[dict[str, str]] = {}
+    foreign_sources: ClassVar[tuple[tuple[str, str], ...]] = ()  # (distribution, file in it)
+
+    def patches(self, serving) -> list[Patch]:
+        """Where the served library looks up its compiled kernels.
+        `serving.function(key, arch, problem)` gives the prebuilt function of a key, or None
+        where the library should compile as before (mode auto records the miss; mode aot
+        raises instead)."""
+        raise NotImplementedError
+
+
+CAPABILITIES: tuple[type, ...] = (
+    ModelShapes,
+    TorchModelShapes,
+    TorchReference,
+    Tuner,
+    TuningCache,
+    Adapter,
+)
+
+_Capability = TypeVar("_Capability")
+
+
+def capability(family: KernelFamily, protocol: type[_Capability]) -> _Capability | None:
+    """`family` as a `protocol` of CAPABILITIES when it implements it, else None: the one place
+    an optional capability is looked for."""
+    return family if isinstance(family, protocol) else None
+
+
+def requirements(family: KernelFamily) -> dict[str, str]:
+    """{distribution: exact version} an Adapter's kernels come from; {} for any other family."""
+    adapter = capability(family, Adapter)
+    return adapter.requires if adapter is not None else {}
 
 
 def dispatch_with(family: KernelFamily, problem: Problem, arch: str, table: Table | None):

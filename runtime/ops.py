@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
-from cute_aot.kernels import KernelFamily, family, registered
+from cute_aot.kernels import Adapter, KernelFamily, TorchReference, capability, family, registered
 from cute_aot.kernels.contract import TensorArg, dispatch_with
 from cute_aot.runtime import epoch, policy
 from cute_aot.runtime.device import device_arch
@@ -38,6 +38,8 @@ class FamilyOp:
         self.inputs: tuple[TensorArg, ...] = kernel_family.inputs
         self.output: TensorArg = kernel_family.output
         self.out_dtype = getattr(torch, self.output.dtype)
+        # mode auto's last step; without one, a miss that cannot be compiled raises
+        self.torch_reference = capability(kernel_family, TorchReference)
         # What the hit path reads, as one snapshot swapped whole (never two reads that could
         # disagree): (input shapes -> (function, output shape), the C table or None, the epoch
         # they were filled in). A snapshot of an older epoch is ignored, so every load, clear
@@ -173,7 +175,7 @@ class FamilyOp:
             arch,
             find_key,
             lambda: self.family.describe_problem(problem),
-            self.reference_function,
+            self.reference_function if self.torch_reference is not None else None,
         )
         function = resolution.function
         if resolution.source != "reference":
@@ -238,7 +240,7 @@ class FamilyOp:
         def reference(*inputs_and_out):
             *inputs, out = inputs_and_out
             self.check(inputs, out)
-            out.copy_(self.family.reference(*inputs))
+            out.copy_(self.torch_reference.reference(*inputs))
 
         return reference
 
@@ -366,9 +368,9 @@ _ops_lock = threading.Lock()
 @functools.cache
 def _op(name: str) -> FamilyOp:
     found = family(name)
-    if found.serves is not None:
+    if (adapter := capability(found, Adapter)) is not None:
         raise UnsupportedProblemError(
-            f"{name} has no cute-aot op: its kernels serve {found.serves} (see "
+            f"{name} has no cute-aot op: its kernels serve {adapter.serves} (see "
             "cute_aot.runtime.serving.install, or cute_aot.runtime.flashinfer.install)"
         )
     return FamilyOp(found)

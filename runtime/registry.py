@@ -27,6 +27,7 @@ from cute_aot.artifacts.errors import (
 )
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import foreign_facts, installed_family, source_is_current
+from cute_aot.kernels.contract import requirements
 from cute_aot.kernels.tables import Table
 from cute_aot.runtime import epoch, overlay, paths, sources
 from cute_aot.runtime.device import current_gpu_arch
@@ -56,9 +57,9 @@ def stale_reasons(manifest: Manifest) -> dict[str, str]:
             reasons[name] = "exported function ABI differs from the installed family's"
         elif not source_is_current(name, facts):
             reasons[name] = "kernel source hash differs from the installed package"
-        elif kernel_family.requires and facts.get("foreign") != foreign_facts(name):
+        elif requirements(kernel_family) and facts.get("foreign") != foreign_facts(name):
             reasons[name] = _foreign_difference(facts.get("foreign") or {}, foreign_facts(name))
-        elif not kernel_family.requires and facts.get("foreign") is not None:
+        elif not requirements(kernel_family) and facts.get("foreign") is not None:
             reasons[name] = "built against other distributions: " + ", ".join(facts["foreign"])
         elif installed_dsl and not toolchain.same_cutlass_dsl(
             manifest.toolchain.get("cutlass_dsl") or {}, installed_dsl

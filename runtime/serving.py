@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from cute_aot.artifacts.errors import CuteAotError
-from cute_aot.kernels import KernelFamily, Patch, families
+from cute_aot.kernels import Adapter, KernelFamily, Patch, capability, families
 from cute_aot.runtime import policy
 from cute_aot.runtime.epoch import Resolutions
 from cute_aot.runtime.mode import Mode, current_mode
@@ -25,7 +25,7 @@ __all__ = ["Serving", "install", "installed", "uninstall"]
 class Serving:
     """What a family's patches ask of cute-aot: the prebuilt function of a key, by mode."""
 
-    def __init__(self, kernel_family: KernelFamily):
+    def __init__(self, kernel_family: KernelFamily):  # an Adapter
         self.family = kernel_family
         self.hits = 0  # lookups served from a bundle (tests and benchmarks read them)
         self.misses = 0
@@ -68,17 +68,18 @@ def install(wanted: Iterable[str] | None = None, *, library: str | None = None) 
     warning, and the library then compiles as before."""
     outcome = {}
     with _lock:
-        for name, found in families().items():
-            if found.serves is None or (wanted is not None and name not in wanted):
+        for name, installed_family in families().items():
+            found = capability(installed_family, Adapter)
+            if found is None or (wanted is not None and name not in wanted):
                 continue
             if library is not None and found.serves.split(".")[0] != library:
                 continue
             if name in _installed:
                 outcome[name] = "installed"
                 continue
-            why = found.missing_requirements()
+            why = installed_family.missing_requirements()
             if why is None:
-                serving = Serving(found)
+                serving = Serving(installed_family)
                 try:
                     patches = found.patches(serving)
                     _installed[name] = (serving, _apply(patches))

@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 
 # A small build shared by the tests that need one: one dot-product key and one split-K key, for
 # both architectures.
-PROBLEMS = [(2, 4096, 256), (12, 7168, 256)]
+PROBLEMS = [(2, 256, 4096), (12, 256, 7168)]  # (M, N, K)
 ARCHS = ["sm_90a", "sm_100a"]
 
 

@@ -64,8 +64,8 @@ def test_fresh_process_loads_and_dispatches_without_cutlass(bundles, tmp_path):
         from cute_aot.kernels.router_gemm import dispatch
         loaded = load_bundles({str(out)!r}, gpu_arch="sm_90a")
         functions = {{}}
-        for m, k, n in {PROBLEMS!r}:
-            key = dispatch(m, k, n, "sm_90a")
+        for m, n, k in {PROBLEMS!r}:
+            key = dispatch(m, n, k, "sm_90a")
             functions[key.id] = type(REGISTRY.resolve(key, "sm_90a")).__name__
         print(json.dumps({{
             "archs": [b.arch for b in loaded],

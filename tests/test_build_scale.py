@@ -512,7 +512,7 @@ def test_model_plan_replaces_the_default_shapes(tmp_path, monkeypatch):
     assert list(seen) == ["sm_90a", "sm_103a"]
     for arch, keys in seen.items():
         want = {
-            dispatch(m, k, n, arch) for k, n in [(2880, 128), (4096, 256)] for m in range(1, 17)
+            dispatch(m, n, k, arch) for n, k in [(128, 2880), (256, 4096)] for m in range(1, 17)
         }
         assert set(keys) == want
 
@@ -556,9 +556,9 @@ def test_aot_build_shards_merge_cache_and_reproducibility_with_real_kernels(tmp_
     """The issue's acceptance checks in miniature: 3 small real keys on two architectures."""
     monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
     keys = [
-        ("sm_90a", dispatch(1, 256, 8, "sm_90a")),
-        ("sm_90a", dispatch(2, 512, 8, "sm_90a")),
-        ("sm_100a", dispatch(1, 256, 8, "sm_100a")),
+        ("sm_90a", dispatch(1, 8, 256, "sm_90a")),
+        ("sm_90a", dispatch(2, 8, 512, "sm_90a")),
+        ("sm_100a", dispatch(1, 8, 256, "sm_100a")),
     ]
     log = tmp_path / "misses.jsonl"
     log.write_text(

@@ -37,7 +37,7 @@ from .conftest import PROBLEMS
 
 HAS_TOOLS = bool(binary_info.find_tool("cuobjdump") and binary_info.find_tool("nvdisasm"))
 needs_tools = pytest.mark.skipif(not HAS_TOOLS, reason="needs cuobjdump and nvdisasm")
-DOT, SPLITK = PROBLEMS  # (2, 4096, 256) -> dot-product key, (12, 7168, 256) -> split-K key
+DOT, SPLITK = PROBLEMS  # (2, 256, 4096) -> dot-product key, (12, 256, 7168) -> split-K key
 
 
 @pytest.fixture(autouse=True)
@@ -95,9 +95,8 @@ def entry_for(manifest: Manifest, problem) -> Entry:
 
 
 def shape_text(problem) -> str:
-    """(M, K, N), as RouterProblem holds it -> `M,N,K`, as explain reads it."""
-    m, k, n = problem
-    return f"{m},{n},{k}"
+    """(M, N, K), as RouterProblem holds it -> `M,N,K`, as explain reads it."""
+    return ",".join(map(str, problem))
 
 
 # -- ls ------------------------------------------------------------------------------------------
@@ -155,7 +154,7 @@ def test_ls_creates_no_overlay_key(bundles, tmp_path, monkeypatch):
 def test_ls_reads_cute_aot_bundles_and_shows_the_overlay(bundles, monkeypatch):
     folder, by_arch = bundles
     monkeypatch.setenv("CUTE_AOT_BUNDLES", str(by_arch["sm_90a"]))
-    key = dispatch(3, 2880, 128, "sm_90a")
+    key = dispatch(3, 128, 2880, "sm_90a")
     published = overlay.overlay_path(key, "sm_90a")
     published.parent.mkdir(parents=True)
     published.write_bytes(by_arch["sm_90a"].read_bytes())
@@ -400,7 +399,7 @@ def test_explain_follows_the_miss_path(bundles, isolated):
         "--bundle",
         folder,
     ]
-    key = dispatch(3, 2880, 128, "sm_90a")
+    key = dispatch(3, 128, 2880, "sm_90a")
     [miss] = run_json(*args)["decisions"]
     assert miss["source"] == "jit" and miss["key_id"] == key.id
     assert "none of the 1 usable sm_90a bundle(s) holds the key" in miss["why"]
@@ -561,7 +560,7 @@ def test_explain_finds_families_when_it_runs_and_refuses_unknown_ones(toy_family
 
 
 def test_explain_reads_router_dtypes_as_before():
-    problem = RouterProblem(5, 4096, 256)
+    problem = RouterProblem(5, 256, 4096)
     expected = family("router_gemm").dispatch(problem, "sm_90a")
     for dtype in ([], ["--dtype", "bf16"], ["--dtype", "bf16,bfloat16"]):
         report = run_json(
@@ -621,15 +620,15 @@ def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, monkeypatch)
     folder, _ = bundles
     log = tmp_path / "misses.jsonl"
     monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(log))
-    missed = [(3, 2880, 128, "sm_90a")] * 3 + [(2, 2880, 128, "sm_90a"), (3, 2880, 128, "sm_100a")]
+    missed = [(3, 128, 2880, "sm_90a")] * 3 + [(2, 128, 2880, "sm_90a"), (3, 128, 2880, "sm_100a")]
     missed += [(*SPLITK, "sm_90a")]  # a key the bundles hold (an older release missed it)
-    for m, k, n, arch in missed:
+    for m, n, k, arch in missed:
         forget_recorded()  # each record as another server process writes it (once per key)
-        record_miss(dispatch(m, k, n, arch), arch, {"m": m, "k": k, "n": n})
+        record_miss(dispatch(m, n, k, arch), arch, {"m": m, "k": k, "n": n})
         time.sleep(0.001)
     # The three misses of one key at times out of order in the file (a record's time has 1 s
     # resolution, so a run this short would give them one time and hide a swap).
-    top_id, times = dispatch(3, 2880, 128, "sm_90a").id, iter(["00:20", "00:05", "00:40"])
+    top_id, times = dispatch(3, 128, 2880, "sm_90a").id, iter(["00:20", "00:05", "00:40"])
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     for line in lines:
         if line["key_id"] == top_id and line["arch"] == "sm_90a":
@@ -642,23 +641,23 @@ def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, monkeypatch)
     assert report["records"] == 6 and len(report["keys"]) == 4
     top = report["keys"][0]
     assert top["count"] == 3 and top["arch"] == "sm_90a"
-    assert top["key_id"] == dispatch(3, 2880, 128, "sm_90a").id
+    assert top["key_id"] == dispatch(3, 128, 2880, "sm_90a").id
     assert top["problems"] == [{"k": 2880, "m": 3, "n": 128}]
     assert (top["first_seen"], top["last_seen"]) == ("2026-01-01T00:00:05Z", "2026-01-01T00:00:40Z")
     held = {(row["arch"], row["key_id"]): row["in_bundles"] for row in report["keys"]}
     assert held[("sm_90a", dispatch(*SPLITK, "sm_90a").id)] is True
-    assert held[("sm_100a", dispatch(3, 2880, 128, "sm_100a").id)] is False
+    assert held[("sm_100a", dispatch(3, 128, 2880, "sm_100a").id)] is False
     plan = plan_from_misses(out, (), ())  # what aot-build --from-misses would build
     assert {arch: {key.id for key in keys} for arch, keys in plan.items()} == {
         "sm_90a": {
-            dispatch(m, k, n, "sm_90a").id for m, k, n in [(3, 2880, 128), (2, 2880, 128), SPLITK]
+            dispatch(m, n, k, "sm_90a").id for m, n, k in [(3, 128, 2880), (2, 128, 2880), SPLITK]
         },
-        "sm_100a": {dispatch(3, 2880, 128, "sm_100a").id},
+        "sm_100a": {dispatch(3, 128, 2880, "sm_100a").id},
     }
     only_missing = run_json("misses", "--bundle", folder, "--not-in-bundles", "--arch", "sm90a")
     assert [row["count"] for row in only_missing["keys"]] == [3, 1]
     text = run("misses", "--bundle", folder).stdout
-    assert "M=3 K=2880 N=128" in text and f"aot-build --from-misses {log}" in text
+    assert "M=3 N=128 K=2880" in text and f"aot-build --from-misses {log}" in text
 
 
 def test_misses_without_a_log(isolated):

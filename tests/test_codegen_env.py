@@ -31,7 +31,7 @@ def test_with_no_variable_set_the_fingerprint_is_what_it_always_was(no_codegen_e
 
 
 def test_the_compiler_switch_separates_the_caches(no_codegen_env, monkeypatch, tmp_path):
-    key = dispatch(1, 2880, 128, ARCH)
+    key = dispatch(1, 128, 2880, ARCH)
     default_object = BuildCache(tmp_path).object_digest(key, ARCH)
     default_overlay = overlay.fingerprint(key.FAMILY)
     monkeypatch.setenv(SWITCH, "0")
@@ -46,7 +46,7 @@ def test_the_compiler_switch_separates_the_caches(no_codegen_env, monkeypatch, t
 def test_a_bundle_records_the_switch_and_loads_without_it(
     no_codegen_env, monkeypatch, tmp_path, fresh_runtime
 ):
-    key = dispatch(1, 2880, 128, ARCH)
+    key = dispatch(1, 128, 2880, ARCH)
     monkeypatch.setenv(SWITCH, "0")
     outcome = run_build(
         {ARCH: [key]}, tmp_path / "out", jobs=1, show_progress=False, worker=stub_compile

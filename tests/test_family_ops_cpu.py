@@ -55,7 +55,7 @@ def router_op(fresh_runtime, fake_gpu):
 
 
 def _inputs(dtype=torch.bfloat16):
-    m, k, n = PROBLEM[:3]
+    m, n, k = PROBLEM[:3]
     return on_gpu(torch.ones(m, k, dtype=dtype)), on_gpu(torch.ones(n, k, dtype=torch.bfloat16))
 
 

@@ -29,7 +29,7 @@ from .conftest import PROBLEMS
 
 ROUTER = family("router_gemm")
 BUCKET = "fleet"
-_M, _K, _N = PROBLEMS[1]
+_M, _N, _K = PROBLEMS[1]
 BUNDLED = f"M={_M},N={_N},K={_K}"  # a key the stub bundles hold (an older release missed it)
 SHARED = "M=3,N=128,K=2880"  # missed on both hosts
 PER_HOST = {"gpu-a": ["M=2,N=128,K=2880", BUNDLED], "gpu-b": ["M=1,N=8,K=64"]}

@@ -77,7 +77,7 @@ class Base:
 
 
 def make_base(folder: Path) -> Base:
-    keys = [dispatch(2, 4096, 256, ARCH), dispatch(12, 7168, 256, ARCH)]
+    keys = [dispatch(2, 256, 4096, ARCH), dispatch(12, 256, 7168, ARCH)]
     library = tiny_library(folder, [key.symbol for key in keys])
     entries = tuple(
         Entry(

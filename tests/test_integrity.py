@@ -267,9 +267,9 @@ def _other_key(good: Good):
     """A valid key of the family that the good bundle's library does not hold."""
     held = {entry.key_id for entry in good.manifest.entries}
     key = next(
-        dispatch(m, 2048 - 8, 128, ARCH)
+        dispatch(m, 128, 2048 - 8, ARCH)
         for m in range(1, 5)
-        if dispatch(m, 2048 - 8, 128, ARCH).id not in held
+        if dispatch(m, 128, 2048 - 8, ARCH).id not in held
     )
     return key
 
@@ -978,7 +978,7 @@ def test_aot_build_sign_key_signs_what_it_writes(keys, tmp_path, fresh_runtime, 
     from cute_aot.aot.cli import main
     from cute_aot.runtime.misses import miss_log_path, record_miss
 
-    key = dispatch(1, 256, 8, ARCH)  # one small dot-product kernel
+    key = dispatch(1, 8, 256, ARCH)  # one small dot-product kernel
     record_miss(key, ARCH, {"m": 1, "k": 256, "n": 8})
     out = tmp_path / "signed"
     args = ["--from-misses", str(miss_log_path()), "--out", str(out), "--quiet", "-j", "1"]

@@ -34,8 +34,9 @@ from cute_aot.kernels.router_gemm import (
     DEFAULT_SHAPES,
     K_DIVISOR,
     MAX_TOKENS,
-    dispatch,
+    RouterProblem,
     enumerate_keys,
+    family,
 )
 
 PROPERTY = settings(max_examples=200, deadline=None, derandomize=True, database=None)
@@ -149,24 +150,31 @@ def test_every_enumerated_key_is_distinct_for_every_arch_and_shape():
 # -- 2. dispatch writes the problem's assumptions into the key ------------------------------------
 problems = st.tuples(
     st.integers(1, MAX_TOKENS),
-    st.integers(1, 2048).map(lambda q: q * K_DIVISOR),
     st.integers(1, 1024),
+    st.integers(1, 2048).map(lambda q: q * K_DIVISOR),
     st.sampled_from(sorted(SUPPORTED_ARCHS)),
 )
+
+
+def dispatch(m, n, k, arch, x_dtype="bfloat16", w_dtype="bfloat16"):
+    """The family's dispatch of named dims: these problems include N > K, which the positional
+    `router_gemm.dispatch` refuses as the older order."""
+    problem = RouterProblem(m=m, n=n, k=k, x_dtype=x_dtype, w_dtype=w_dtype)
+    return family.dispatch(problem, arch).key
 
 
 @PROPERTY
 @given(problem=problems)
 def test_dispatch_records_what_the_kernel_assumes(problem):
-    m, k, n, arch = problem
-    key = dispatch(m, k, n, arch)
+    m, n, k, arch = problem
+    key = dispatch(m, n, k, arch)
     assert (key.x_dtype, key.w_dtype, key.out_dtype) == ("bfloat16", "bfloat16", "float32")
     assert key.align_bytes == ALIGN_BYTES
     if key.backend == "dot":  # M and K are compiled in: the key must carry them
         assert (key.m, key.k) == (m, k)
     else:  # symbolic sizes: nothing size-specific may leak into the key
         assert (key.m, key.k, key.split_k > 0) == (0, 0, True)
-    assert key == dispatch(m, k, n, arch)  # a pure function
+    assert key == dispatch(m, n, k, arch)  # a pure function
 
 
 @PROPERTY
@@ -176,12 +184,12 @@ def test_dispatch_records_what_the_kernel_assumes(problem):
     w_dtype=st.sampled_from(["float16", "float32", "bfloat16"]),
 )
 def test_dispatch_refuses_dtypes_no_kernel_is_built_for(problem, x_dtype, w_dtype):
-    m, k, n, arch = problem
+    m, n, k, arch = problem
     if (x_dtype, w_dtype) == ("bfloat16", "bfloat16"):
-        assert dispatch(m, k, n, arch, x_dtype, w_dtype).x_dtype == x_dtype
+        assert dispatch(m, n, k, arch, x_dtype, w_dtype).x_dtype == x_dtype
         return
     with pytest.raises(UnsupportedProblemError, match=f"got x {x_dtype} and w {w_dtype}"):
-        dispatch(m, k, n, arch, x_dtype, w_dtype)
+        dispatch(m, n, k, arch, x_dtype, w_dtype)
 
 
 @PROPERTY
@@ -194,10 +202,10 @@ def test_dispatch_refuses_dtypes_no_kernel_is_built_for(problem, x_dtype, w_dtyp
 def test_dispatch_refuses_what_no_kernel_serves(m, k, n, arch):
     servable = 1 <= m <= MAX_TOKENS and k >= K_DIVISOR and k % K_DIVISOR == 0 and n >= 1
     if servable:
-        dispatch(m, k, n, arch)
+        dispatch(m, n, k, arch)
     else:
         with pytest.raises(UnsupportedProblemError):
-            dispatch(m, k, n, arch)
+            dispatch(m, n, k, arch)
 
 
 # -- 3. the compiled functions refuse mismatched tensors ------------------------------------------

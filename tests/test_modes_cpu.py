@@ -22,7 +22,7 @@ from cute_aot.runtime.overlay import overlay_path
 
 ARCH = "sm_90a"
 # Not in the small bundles: a dot key with K = 2880 (gpt-oss), cheap to compile.
-MISS_KEY = dispatch(1, 2880, 128, ARCH)
+MISS_KEY = dispatch(1, 128, 2880, ARCH)
 
 
 def test_mode_from_env_and_api(monkeypatch, fresh_runtime):
@@ -91,7 +91,7 @@ def test_auto_miss_compiles_publishes_records_and_warns_once(fresh_runtime):
         import json, sys
         from cute_aot.kernels.router_gemm import dispatch
         from cute_aot.runtime import REGISTRY, jit
-        key = dispatch(1, 2880, 128, "{ARCH}")
+        key = dispatch(1, 128, 2880, "{ARCH}")
         function = REGISTRY.resolve(key, "{ARCH}")
         print(json.dumps({{"compiles": jit.compile_count,
                            "cutlass": any(m.split(".")[0] == "cutlass" for m in sys.modules),

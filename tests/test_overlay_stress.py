@@ -15,7 +15,7 @@ from cute_aot.runtime.overlay import overlay_path
 pytestmark = pytest.mark.slow
 
 ARCH = "sm_90a"
-PROBLEMS = [(1, 2880, 128), (2, 2880, 128)]
+PROBLEMS = [(1, 128, 2880), (2, 128, 2880)]  # (M, N, K)
 WORKERS = 8
 
 WORKER = textwrap.dedent(
@@ -27,8 +27,8 @@ WORKER = textwrap.dedent(
     while not os.path.exists(go):  # start together
         time.sleep(0.01)
     resolved = []
-    for m, k, n in {problems!r}:
-        key = dispatch(m, k, n, "{arch}")
+    for m, n, k in {problems!r}:
+        key = dispatch(m, n, k, "{arch}")
         resolved.append([key.id, callable(REGISTRY.resolve(key, "{arch}"))])
     print(json.dumps({{"resolved": resolved, "compiles": jit.compile_count,
                        "published": jit.published}}))

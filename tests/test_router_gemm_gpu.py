@@ -30,7 +30,7 @@ def _bundles_loaded():
     return REGISTRY
 
 
-def _inputs(m, k, n, seed=0):
+def _inputs(m, n, k, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed + m * 7919 + k + n)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
@@ -58,7 +58,7 @@ def test_every_default_key_matches_fp32_reference(n, k):
 
     _bundles_loaded()
     for m in range(1, 17):
-        x, w = _inputs(m, k, n)
+        x, w = _inputs(m, n, k)
         out = router_gemm(x, w)
         torch.cuda.synchronize()
         _check(out, x, w)
@@ -71,11 +71,11 @@ def test_other_shapes_in_the_bundle_keys(m):
 
     registry = _bundles_loaded()
     arch = registry.bundles[0].arch
-    for k, n in [(2880, 128), (7168, 264), (2048, 200)]:
-        key = dispatch(m, k, n, arch)
+    for n, k in [(128, 2880), (264, 7168), (200, 2048)]:
+        key = dispatch(m, n, k, arch)
         if key.backend == "dot":
             continue  # dot keys compile K and M in: the default set has none for these K
-        x, w = _inputs(m, k, n)
+        x, w = _inputs(m, n, k)
         _check(router_gemm(x, w), x, w)
 
 
@@ -83,7 +83,7 @@ def test_runs_on_the_current_stream_and_out_argument():
     from cute_aot.runtime import router_gemm
 
     _bundles_loaded()
-    x, w = _inputs(8, 7168, 256)
+    x, w = _inputs(8, 256, 7168)
     side = torch.cuda.Stream()
     out = torch.empty(8, 256, device="cuda", dtype=torch.float32)
     side.wait_stream(torch.cuda.current_stream())
@@ -100,7 +100,7 @@ def test_cuda_graph_replays_bitwise_identically(m):
     from cute_aot.runtime import router_gemm
 
     _bundles_loaded()
-    x, w = _inputs(m, 7168, 256)
+    x, w = _inputs(m, 256, 7168)
     eager = router_gemm(x, w)
     out = torch.empty_like(eager)
     stream = torch.cuda.Stream()
@@ -120,7 +120,7 @@ def test_cuda_graph_replays_bitwise_identically(m):
     for replay in replays:
         assert torch.equal(replay, eager)
     # the graph reads x at replay time: new inputs, new answer
-    x.copy_(_inputs(m, 7168, 256, seed=1)[0])
+    x.copy_(_inputs(m, 256, 7168, seed=1)[0])
     graph.replay()
     torch.cuda.synchronize()
     _check(out, x, w)

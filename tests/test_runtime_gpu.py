@@ -37,7 +37,7 @@ def _requires_jit():
 
 
 # K = 2880 (gpt-oss-style router): not in the default bundles, so every call here misses.
-MISS_PROBLEMS = [(1, 2880, 128), (3, 2880, 128), (8, 2880, 128), (16, 2880, 128)]
+MISS_PROBLEMS = [(1, 128, 2880), (3, 128, 2880), (8, 128, 2880), (16, 128, 2880)]  # (M, N, K)
 
 
 def test_jit_fallback_results_are_correct(fresh_runtime):
@@ -47,8 +47,8 @@ def test_jit_fallback_results_are_correct(fresh_runtime):
     before = jit.compile_count
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for m, k, n in MISS_PROBLEMS:
-            x, w = _inputs(m, k, n)
+        for m, n, k in MISS_PROBLEMS:
+            x, w = _inputs(m, n, k)
             out = router_gemm(x, w)
             torch.cuda.synchronize()
             _check(out, x, w)
@@ -67,7 +67,7 @@ PROCESS = textwrap.dedent(
     start = time.perf_counter()
     from cute_aot.runtime import jit, router_gemm
     results = []
-    for m, k, n in {problems!r}:
+    for m, n, k in {problems!r}:
         x = torch.ones(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.ones(n, k, device="cuda", dtype=torch.bfloat16)
         results.append(router_gemm(x, w).mean().item())
@@ -107,7 +107,7 @@ def test_torch_compile_of_a_module_using_the_op(fresh_runtime):
     class Gate(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.weight = torch.nn.Parameter(_inputs(1, 7168, 256)[1], requires_grad=False)
+            self.weight = torch.nn.Parameter(_inputs(1, 256, 7168)[1], requires_grad=False)
 
         def forward(self, hidden):
             return torch.softmax(router_gemm(hidden, self.weight), dim=-1)
@@ -115,7 +115,7 @@ def test_torch_compile_of_a_module_using_the_op(fresh_runtime):
     gate = Gate()
     compiled = torch.compile(gate, fullgraph=True)
     for m in (1, 4, 8, 16):
-        x = _inputs(m, 7168, 256)[0]
+        x = _inputs(m, 256, 7168)[0]
         expected = gate(x)
         torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-6)
 
@@ -147,6 +147,6 @@ def test_preload_model_resolves_every_router_shape(fresh_runtime):
         )
         # the bundle's own kernel, not a JIT result or the torch fallback
         bundle_function = REGISTRY.bundle_function(
-            "router_gemm", dispatch(m, 7168, 256, arch).id, arch
+            "router_gemm", dispatch(m, 256, 7168, arch).id, arch
         )
         assert function is bundle_function and out_shape == (m, 256)

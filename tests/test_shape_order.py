@@ -6,6 +6,7 @@ with the corrected spelling instead of being misread."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -215,3 +216,115 @@ def test_aot_tune_refuses_the_older_router_order_before_looking_for_a_gpu(tmp_pa
     assert "no supported GPU" not in output
     assert f"the older K,N order; the order is N,K (w is [N, K]): write {N},{K}" in output
     assert not (tmp_path / "t.json").exists()
+
+
+# -- numbers: the router's Python API takes (M, N, K) too ----------------------------------------
+# Key ids of default router keys as they were before the Python API moved to (M, N, K): the move
+# changes how a problem is spelled, never a key (the fields stay m, k, ...; ids stay these).
+DEFAULT_KEY_IDS = {  # (arch, M, N, K) -> key id
+    ("sm_90a", 1, 256, 7168): "5ff242f3c44aa045d2fe",
+    ("sm_90a", 12, 256, 7168): "52196d503cd6c843426c",
+    ("sm_100a", 12, 256, 7168): "8ce1476a355780f834f2",
+    ("sm_100a", 16, 256, 4096): "8ce1476a355780f834f2",
+    ("sm_100a", 1, 384, 7168): "97d4de4947b8da2acec2",
+    ("sm_103a", 16, 384, 7168): "b4a5671e2072f9d9fd03",
+}
+# sha256 of every default key id, in enumeration order, per architecture (26 and 16 keys).
+DEFAULT_KEYS_DIGEST = {"sm_90a": "40f645b0a58aa4d4", "sm_100a": "2ed0a64eb18cbd26"}
+OLD = (M, K, N)  # a problem in the router's older (M, K, N) order: reads as N=7168 > K=256
+OLD_FIX = f"write {(M, N, K)}, or name the dims if N > K is meant: RouterProblem(m={M}, n={K}"
+
+
+def test_the_router_dispatches_m_n_k_to_the_keys_it_always_had():
+    from cute_aot.kernels.router_gemm import RouterProblem, dispatch
+
+    router = family("router_gemm")
+    for (arch, m, n, k), key_id in DEFAULT_KEY_IDS.items():
+        assert dispatch(m, n, k, arch).id == key_id
+        assert router.dispatch(RouterProblem(m, n, k), arch).key.id == key_id
+        assert router.dispatch((m, n, k), arch).key.id == key_id  # a bare tuple, same order
+    key = dispatch(2, N, K, "sm_90a")
+    assert (key.backend, key.m, key.k) == ("dot", 2, K)  # K compiled in: the weight's 7168
+    for arch, digest in DEFAULT_KEYS_DIGEST.items():
+        ids = " ".join(key.id for key in router.enumerate_keys(arch, router.default_shapes))
+        assert hashlib.sha256(ids.encode()).hexdigest()[:16] == digest, arch
+
+
+def test_the_routers_problem_fields_are_m_n_k():
+    from cute_aot.kernels.router_gemm import RouterProblem
+
+    router = family("router_gemm")
+    assert RouterProblem._fields[:3] == ("m", "n", "k")
+    assert RouterProblem(M, N, K) == router.parse_problem(f"{M},{N},{K}")
+    assert list(router.problems((N, K)))[M - 1] == RouterProblem(M, N, K)
+    assert router.input_shapes((M, N, K)) == ((M, K), (N, K))
+    assert router.output_shape((M, N, K)) == (M, N)
+
+
+def test_the_router_refuses_older_order_numbers_with_the_fix():
+    from cute_aot.kernels.router_gemm import RouterProblem, dispatch
+
+    router = family("router_gemm")
+    refusals = [
+        lambda: dispatch(*OLD, "sm_90a"),
+        lambda: RouterProblem(*OLD),
+        lambda: router.dispatch(OLD, "sm_90a"),
+        lambda: router.tune_candidates(OLD, "sm_90a"),
+        lambda: router.input_shapes(OLD),
+    ]
+    for refused in refusals:
+        with pytest.raises(UnsupportedProblemError, match=r"the older \(M, K, N\) order") as why:
+            refused()
+        assert OLD_FIX in str(why.value)
+
+
+def test_named_numbers_build_a_router_with_more_experts_than_hidden_size():
+    import copy
+    import pickle
+
+    from cute_aot.kernels.router_gemm import RouterProblem
+
+    wide = RouterProblem(m=2, n=512, k=256)
+    assert (wide.n, wide.k) == (512, 256)
+    assert pickle.loads(pickle.dumps(wide)) == copy.copy(wide) == wide._replace() == wide
+    assert family("router_gemm").dispatch(wide, "sm_90a").key.k == 256
+
+
+@pytest.fixture
+def router_op(fresh_runtime, fake_gpu, monkeypatch):
+    """The router op on a fake sm_90a GPU, with no bundle and no JIT: preload resolves to the
+    torch reference, which is enough to see which shapes a problem was read as."""
+    from cute_aot.runtime import jit, ops
+
+    monkeypatch.setattr(jit, "jit_available", lambda: False)
+    return ops.family_op("router_gemm")
+
+
+def _preloaded(router_op) -> set[tuple[tuple[int, ...], ...]]:
+    return {tuple(tuple(shape) for shape in shapes) for shapes in router_op.table}
+
+
+def test_preload_reads_m_n_k_tuples_and_named_dims(router_op):
+    from cute_aot.runtime import preload
+    from tests.fake_gpu import GPU
+
+    problems = [(1, N, K), {"M": 2, "N": N, "K": K}, f"M=3,N={N},K={K}", f"4,{N},{K}"]
+    with pytest.warns(RuntimeWarning):
+        assert preload({"router_gemm": problems}, GPU) == 4
+    assert _preloaded(router_op) == {((m, K), (N, K)) for m in (1, 2, 3, 4)}
+    with pytest.warns(RuntimeWarning):
+        preload([{"m": 2, "n": 512, "k": 256}], GPU)  # named: N > K taken as written
+    assert ((2, 256), (512, 256)) in _preloaded(router_op)
+
+
+def test_preload_refuses_an_older_order_tuple_with_the_fix(router_op):
+    from cute_aot.runtime import preload
+    from tests.fake_gpu import GPU
+
+    for problems in ([OLD], {"router_gemm": [list(OLD)]}):
+        with pytest.raises(UnsupportedProblemError, match=r"the older \(M, K, N\) order") as why:
+            preload(problems, GPU)
+        assert OLD_FIX in str(why.value) and f"'M={M},N={K},K={N}'" in str(why.value)
+    with pytest.raises(UnsupportedProblemError, match="the older M,K,N order"):
+        preload([f"{M},{K},{N}"], GPU)  # positional text: the text rule, the same words
+    assert router_op.table == {}  # nothing was resolved for a refused problem

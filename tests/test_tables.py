@@ -37,7 +37,7 @@ def router_tuned(split_k: int = 3) -> Table:
     key = ROUTER.Key("splitk", 0, 0, 0, split_k, 2, True)
     return ROUTER.tuned_table(
         ARCH,
-        [(RouterProblem(2, 64, 8), key, {key.id: 3.0, "other": 4.5})],
+        [(RouterProblem(2, 8, 64), key, {key.id: 3.0, "other": 4.5})],
         {"source": "aot-tune", "gpu": "test GPU"},
     )
 
@@ -72,12 +72,12 @@ def test_tables_file_round_trip_and_refusals(tmp_path):
 # -- tuned tables of both families ---------------------------------------------------------------
 def test_router_dispatch_follows_the_tuned_row_and_the_rule_elsewhere():
     table = router_tuned()
-    tuned = ROUTER.dispatch(RouterProblem(2, 64, 8), ARCH, table)
+    tuned = ROUTER.dispatch(RouterProblem(2, 8, 64), ARCH, table)
     assert (tuned.key.backend, tuned.key.split_k) == ("splitk", 3)
     assert "table row (K=64, N=8, M in [2])" in tuned.reason and table.digest in tuned.reason
-    assert ROUTER.dispatch(RouterProblem(2, 64, 8), ARCH).key.backend == "dot"
-    elsewhere = ROUTER.dispatch(RouterProblem(3, 64, 8), ARCH, table)
-    assert elsewhere.key == ROUTER.dispatch(RouterProblem(3, 64, 8), ARCH).key
+    assert ROUTER.dispatch(RouterProblem(2, 8, 64), ARCH).key.backend == "dot"
+    elsewhere = ROUTER.dispatch(RouterProblem(3, 8, 64), ARCH, table)
+    assert elsewhere.key == ROUTER.dispatch(RouterProblem(3, 8, 64), ARCH).key
 
 
 def test_gemm_tuned_rows_serve_their_m_range():

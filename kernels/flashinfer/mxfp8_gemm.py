@@ -41,6 +41,7 @@ from cute_aot.kernels.contract import (
     KernelFamily,
     Patch,
     TensorArg,
+    Tuner,
     ValueArg,
     parse_ints,
 )
@@ -483,7 +484,7 @@ def _tensor(name, dtype, rank, layout, align=16, output=False) -> TensorArg:
     return TensorArg(name, dtype, rank, layout=layout, align_bytes=align, output=output)
 
 
-class Mxfp8GemmFamily(KernelFamily):
+class Mxfp8GemmFamily(KernelFamily, Tuner):
     """The family contract for FlashInfer's mm_mxfp8 cute-dsl main runner on SM100/SM103."""
 
     name = FAMILY

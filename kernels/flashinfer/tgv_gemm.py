@@ -38,7 +38,14 @@ from typing import Any, NamedTuple
 
 from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_for_capability, normalize_arch
-from cute_aot.kernels.contract import Dispatch, KernelFamily, Patch, TensorArg, parse_ints
+from cute_aot.kernels.contract import (
+    Dispatch,
+    KernelFamily,
+    Patch,
+    TensorArg,
+    Tuner,
+    parse_ints,
+)
 from cute_aot.kernels.flashinfer import REQUIRES, dtype_name
 from cute_aot.kernels.keys import KernelKey
 
@@ -391,7 +398,7 @@ def _tensor(name: str, layout: str, align: int = OPERAND_ALIGN, **kwargs) -> Ten
     return TensorArg(name, "key dtype", 3, layout=layout, align_bytes=align, **kwargs)
 
 
-class TgvGemmFamily(KernelFamily):
+class TgvGemmFamily(KernelFamily, Tuner):
     """The family contract for FlashInfer's TGV BF16 GEMM (CuTe DSL path)."""
 
     name = FAMILY

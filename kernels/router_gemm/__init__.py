@@ -4,8 +4,10 @@ out[M, N] fp32 = x[M, K] bf16 @ w[N, K]^T bf16, M = 1..16 tokens, N = experts. T
 ``dot`` (one CTA per expert, M and K compiled in) and ``splitk`` (cluster split-K, all sizes
 symbolic). This module never imports cutlass: the server imports it on every call path.
 
-A weight shape is (N, K), w's shape, as every command writes it (`N,K`, problems `M,N,K`);
-`RouterProblem` keeps its fields in (M, K, N) order, which `preload` tuples have always used.
+A weight shape is (N, K), w's shape, and a problem (M, N, K), the order of the math, in every
+command (`N,K`, `M,N,K`) and every Python API (`RouterProblem`, `dispatch`, `preload` tuples).
+Positional dims with N > K are the older (K, N) / (M, K, N) order and are refused with the fix,
+never reinterpreted (`older_order`); a router with more experts than hidden size is named.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import NamedTuple
@@ -24,6 +26,7 @@ from cute_aot.kernels.contract import (
     Dispatch,
     KernelFamily,
     TensorArg,
+    Tuner,
     named_spelling,
     parse_ints,
 )
@@ -76,7 +79,7 @@ def tuned_tables() -> dict:
     return json.loads(text)
 
 
-def check_problem(m: int, k: int, n: int, x_dtype: str = X_DTYPE, w_dtype: str = W_DTYPE) -> None:
+def check_problem(m: int, n: int, k: int, x_dtype: str = X_DTYPE, w_dtype: str = W_DTYPE) -> None:
     """Refuse problems no router GEMM kernel is built for, with the reason."""
     if (x_dtype, w_dtype) != (X_DTYPE, W_DTYPE):
         raise UnsupportedProblemError(
@@ -124,32 +127,43 @@ def handwritten_table(arch: str) -> Table:
     )
 
 
-def _row(table: Table, m: int, k: int, n: int) -> dict | None:
+def _row(table: Table, m: int, n: int, k: int) -> dict | None:
     return next(
         (r for r in table.data["rows"] if r["k"] == k and r["n"] == n and m in r["m"]), None
     )
 
 
-@functools.lru_cache(maxsize=4096)
 def dispatch(
     m: int,
-    k: int,
     n: int,
+    k: int,
     arch: str,
     x_dtype: str = X_DTYPE,
     w_dtype: str = W_DTYPE,
     table: Table | None = None,
+) -> RouterGemmKey:
+    """The key of problem (M, N, K) on `arch`. Positional, so N > K is refused as the older
+    (M, K, N) order; a router with N > K goes through `family.dispatch(RouterProblem(m=, n=, k=))`.
+    """
+    check_problem(m, n, k, x_dtype, w_dtype)  # what no kernel serves is said as such first
+    refuse_older_tuple((m, n, k))
+    return _dispatch(m, n, k, x_dtype, w_dtype, arch, table)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dispatch(
+    m: int, n: int, k: int, x_dtype: str, w_dtype: str, arch: str, table: Table | None
 ) -> RouterGemmKey:
     """The one rule mapping a problem to a key. Build-time enumeration calls this too.
 
     A table row for (K, N, M) decides; otherwise the default rule: the dot-product kernel when
     M <= dot_max_m or K < dot_below_k, else cluster split-K, with the defaults' parameters.
     """
-    check_problem(m, k, n, x_dtype, w_dtype)
+    check_problem(m, n, k, x_dtype, w_dtype)
     table = table or default_table(arch)
     defaults = table.data["defaults"]
     pdl = bool(defaults["pdl"])
-    row = _row(table, m, k, n)
+    row = _row(table, m, n, k)
     backend = row["backend"] if row else None
     if backend is None:
         dot = m <= defaults["dot_max_m"] or k < defaults["dot_below_k"]
@@ -161,11 +175,11 @@ def dispatch(
     return RouterGemmKey("splitk", 0, 0, 0, entry["split_k"], entry["num_stages"], pdl)
 
 
-def problems(shapes: Iterable[tuple[int, int]] = DEFAULT_SHAPES) -> Iterator[tuple[int, int, int]]:
-    """Every (M, K, N) a server can ask for with these (N, K) weight shapes."""
+def problems(shapes: Iterable[tuple[int, int]] = DEFAULT_SHAPES) -> Iterator[RouterProblem]:
+    """Every (M, N, K) a server can ask for with these (N, K) weight shapes."""
     for n, k in shapes:
         for m in range(1, MAX_TOKENS + 1):
-            yield m, k, n
+            yield RouterProblem(m=m, n=n, k=k)  # named: a named N > K shape stays what it is
 
 
 def enumerate_keys(
@@ -174,17 +188,17 @@ def enumerate_keys(
     """The distinct keys that dispatch yields for these shapes: exactly what a server will ask
     for."""
     arch = normalize_arch(arch)
-    keys = {dispatch(m, k, n, arch) for m, k, n in problems(shapes)}
+    keys = {_dispatch(*problem, arch, None) for problem in problems(shapes)}
     return sorted(keys, key=lambda key: key.canonical_json())
 
 
 def dispatch_reason(
-    m: int, k: int, n: int, arch: str, key: RouterGemmKey, table: Table | None = None
+    m: int, n: int, k: int, arch: str, key: RouterGemmKey, table: Table | None = None
 ) -> str:
     """Why `dispatch` chose `key`, in terms of the table (what `aot-cache explain` says)."""
     table = table or default_table(arch)
     defaults = table.data["defaults"]
-    row = _row(table, m, k, n)
+    row = _row(table, m, n, k)
     if row:
         rule = f"table row (K={k}, N={n}, M in {row['m']})"
         rule += f": {row['why']}" if row.get("why") else ""
@@ -210,10 +224,10 @@ def dispatch_reason(
     return f"{rule} -> {tactic} [{table.describe()}]"
 
 
-def tune_candidates(m: int, k: int, n: int, arch: str) -> list[RouterGemmKey]:
-    """Keys worth timing for (M, K, N): dot-product with 128 and 256 threads, and cluster
+def tune_candidates(m: int, n: int, k: int, arch: str) -> list[RouterGemmKey]:
+    """Keys worth timing for (M, N, K): dot-product with 128 and 256 threads, and cluster
     split-K with 2..8 CTAs per cluster and 2..5 stages."""
-    check_problem(m, k, n)
+    check_problem(m, n, k)
     pdl = bool(tuned_tables()["defaults"]["pdl"])
     dot = [RouterGemmKey("dot", m, k, block, 0, 0, pdl) for block in (128, 256)]
     split = [
@@ -247,33 +261,77 @@ def tuned_table(arch: str, winners: list, provenance: dict) -> Table:
     return Table(FAMILY, base.arch, {"defaults": base.data["defaults"], "rows": rows}, provenance)
 
 
-def refuse_older_order(text: str, syntax: str, values: tuple[int, ...]) -> None:
-    """Refuse positional dims with N > K. Before N,K the router read K,N (and M,K,N): an old
-    command line's pair has N > K (hidden sizes are thousands, expert counts hundreds), and
-    read as N,K it would build or explain the wrong problem without a word. A router with N > K
-    is written named, which no order can confuse."""
+def older_order(syntax: str, values: Sequence[int]) -> tuple[str, tuple[int, ...]] | None:
+    """The one rule for positional router dims, text and numbers alike: N > K is the older order.
+    Before N,K the router read K,N (and M,K,N): an old pair has N > K (hidden sizes are
+    thousands, expert counts hundreds), and read in today's order it would build, explain or
+    serve the wrong problem without a word. A router with N > K is written named, which no order
+    can confuse. Returns (the older order's dims, `values` rewritten in `syntax`) or None."""
     dims = dict(zip(syntax.split(","), values, strict=True))
-    if "=" in text or dims["N"] <= dims["K"]:
-        return
+    if dims["N"] <= dims["K"]:
+        return None
     swap = {"N": "K", "K": "N"}
-    fixed = [dims[swap.get(d, d)] for d in dims]
-    older = ",".join(swap.get(d, d) for d in dims)
+    return ",".join(swap.get(d, d) for d in dims), tuple(dims[swap.get(d, d)] for d in dims)
+
+
+def refuse_older_order(text: str, syntax: str, values: tuple[int, ...]) -> None:
+    """Refuse positional text in the older order (`older_order`); named text is taken as written."""
+    older = None if "=" in text else older_order(syntax, values)
+    if older is None:
+        return
+    dims = dict(zip(syntax.split(","), values, strict=True))
     raise UnsupportedProblemError(
         f"{FAMILY}: {text!r} reads as N={dims['N']} experts > K={dims['K']} hidden, the older "
-        f"{older} order; the order is {syntax} (w is [N, K]): write "
-        f"{','.join(map(str, fixed))}, or {named_spelling(syntax, values)} if N > K is meant"
+        f"{older[0]} order; the order is {syntax} (w is [N, K]): write "
+        f"{','.join(map(str, older[1]))}, or {named_spelling(syntax, values)} if N > K is meant"
     )
 
 
-class RouterProblem(NamedTuple):
+def refuse_older_tuple(values: Sequence) -> None:
+    """Refuse a positional problem (M, N, K[, dtypes]) in the older (M, K, N) order, by the rule
+    text follows: `preload([(12, 7168, 256)])` meant K=7168, N=256, never N=7168 experts."""
+    older = older_order(PROBLEM_SYNTAX, values[:3])
+    if older is None:
+        return
+    m, n, k = values[:3]
+    raise UnsupportedProblemError(
+        f"{FAMILY}: problem {tuple(values)} reads as N={n} experts > K={k} hidden, the older "
+        f"({older[0].replace(',', ', ')}) order; the order is (M, N, K) (w is [N, K]): write "
+        f"{(*older[1], *values[3:])}, or name the dims if N > K is meant: "
+        f"RouterProblem(m={m}, n={n}, k={k}), or in preload {{'M': {m}, 'N': {n}, 'K': {k}}} "
+        f"or '{named_spelling(PROBLEM_SYNTAX, (m, n, k))}'"
+    )
+
+
+class _RouterDims(NamedTuple):
     m: int
-    k: int
     n: int
+    k: int
     x_dtype: str = X_DTYPE
     w_dtype: str = W_DTYPE
 
 
-class RouterGemmFamily(KernelFamily):
+class RouterProblem(_RouterDims):
+    """out[M, N] = x[M, K] @ w[N, K]^T, its fields in the order of the math. Given positionally,
+    N > K is the older (M, K, N) order and refused (`refuse_older_tuple`); named, as written."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        if len(args) >= 3:
+            refuse_older_tuple(args)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __reduce__(self):  # copies and pickles of a named N > K problem skip the positional rule
+        return type(self)._make, (tuple(self),)
+
+
+def as_problem(problem) -> RouterProblem:
+    """A RouterProblem as it is; a bare tuple read positionally as (M, N, K[, dtypes])."""
+    return problem if isinstance(problem, RouterProblem) else RouterProblem(*problem)
+
+
+class RouterGemmFamily(KernelFamily, Tuner):
     """The family contract for router GEMM (kernels/contract.py)."""
 
     name = FAMILY
@@ -300,33 +358,31 @@ class RouterGemmFamily(KernelFamily):
             raise InputError(f"{FAMILY}: empty problem x {tuple(x.shape)}, w {tuple(w.shape)}")
         if k % K_DIVISOR:
             raise InputError(f"{FAMILY}: K={k} must be a multiple of {K_DIVISOR}")
-        return RouterProblem(
-            m, k, n, str(x.dtype).removeprefix("torch."), str(w.dtype).removeprefix("torch.")
-        )
+        x_dtype, w_dtype = (str(t.dtype).removeprefix("torch.") for t in (x, w))
+        return RouterProblem(m=m, n=n, k=k, x_dtype=x_dtype, w_dtype=w_dtype)  # the tensors' own
 
     def dispatch(self, problem: RouterProblem, arch: str, table: Table | None = None) -> Dispatch:
-        problem = RouterProblem(*problem)
-        key = dispatch(*problem[:3], arch, problem.x_dtype, problem.w_dtype, table)
+        problem = as_problem(problem)
+        key = _dispatch(*problem, arch, table)
         return Dispatch(key, dispatch_reason(*problem[:3], arch, key, table))
 
     def default_table(self, arch: str) -> Table:
         return default_table(arch)
 
     def tune_candidates(self, problem, arch: str) -> list[RouterGemmKey]:
-        return tune_candidates(*RouterProblem(*problem)[:3], arch)
+        return tune_candidates(*as_problem(problem)[:3], arch)
 
     def tuned_table(self, arch: str, winners: list, provenance: dict) -> Table:
         return tuned_table(arch, winners, provenance)
 
     def problems(self, shape) -> Iterator[RouterProblem]:
-        for m, k, n in problems([tuple(shape)]):
-            yield RouterProblem(m, k, n)
+        return problems([tuple(shape)])
 
     def parse_shape(self, text: str) -> tuple[int, int]:
         """`N,K` (w's shape) with N <= K, or named (`N=256,K=7168`) for any N."""
         n, k = parse_ints(self, text, SHAPE_SYNTAX)
         refuse_older_order(text, SHAPE_SYNTAX, (n, k))
-        check_problem(1, k, n)
+        check_problem(1, n, k)
         return n, k
 
     def parse_problem(self, text: str, dtypes: str | None = None) -> RouterProblem:
@@ -334,10 +390,10 @@ class RouterGemmFamily(KernelFamily):
         m, n, k = parse_ints(self, text, PROBLEM_SYNTAX)
         refuse_older_order(text, PROBLEM_SYNTAX, (m, n, k))
         x_dtype, w_dtype = (dtypes or f"{X_DTYPE},{W_DTYPE}").split(",", 1)
-        return RouterProblem(m, k, n, x_dtype.strip(), w_dtype.strip())
+        return RouterProblem(m=m, n=n, k=k, x_dtype=x_dtype.strip(), w_dtype=w_dtype.strip())
 
     def describe_problem(self, problem) -> dict:
-        return RouterProblem(*problem)._asdict()
+        return as_problem(problem)._asdict()
 
     def shapes_from_model(self, config: dict) -> list[tuple[int, int]]:
         """The MoE router's (N = routed experts, K = hidden_size); [] for a dense model."""
@@ -348,7 +404,7 @@ class RouterGemmFamily(KernelFamily):
         )
         if not isinstance(hidden, int) or experts is None:
             return []
-        check_problem(1, hidden, experts)
+        check_problem(1, experts, hidden)
         return [(experts, hidden)]
 
     def shapes_from_torch_model(self, model) -> list[tuple[int, int]]:
@@ -369,11 +425,12 @@ class RouterGemmFamily(KernelFamily):
         return shapes
 
     def input_shapes(self, problem) -> tuple[tuple[int, int], tuple[int, int]]:
-        m, k, n = problem[:3]
+        m, n, k = as_problem(problem)[:3]
         return (m, k), (n, k)
 
     def output_shape(self, problem) -> tuple[int, int]:
-        return problem[0], problem[2]
+        m, n, _ = as_problem(problem)[:3]
+        return m, n
 
     def reference(self, x, w):
         import torch

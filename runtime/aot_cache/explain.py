@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cute_aot.artifacts.errors import CuteAotError, TableError
 from cute_aot.artifacts.manifest import Entry
-from cute_aot.kernels import KernelFamily
+from cute_aot.kernels import Adapter, KernelFamily, capability
 from cute_aot.kernels.contract import Problem, dispatch_with
 from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.tables import Table
@@ -46,6 +46,7 @@ def explain(
             "why": why,
         }
     judge = _judge(bundles, family.name, arch, mode)
+    adapter = capability(family, Adapter)  # its library compiles what no bundle holds
     table, table_path = (None, None) if mode is Mode.JIT else _bundle_table(family, bundles, judge)
     dispatch = dispatch_with(family, problem, arch, table)
     key = dispatch.key
@@ -58,8 +59,8 @@ def explain(
         )
     if mode is Mode.JIT:
         why = "mode jit compiles every kernel in the process; bundles and the overlay are ignored"
-        if family.serves:
-            why = f"mode jit: bundles are ignored and {family.serves} compiles as it would alone"
+        if adapter:
+            why = f"mode jit: bundles are ignored and {adapter.serves} compiles as it would alone"
         return {**decision, "source": "jit", "why": why}
     found, searched = _search_bundles(key, arch, bundles, judge, decision["notes"])
     if searched:
@@ -81,9 +82,9 @@ def explain(
             f"(aot-build --shape {shape}, or --from-misses with the miss log)"
         )
         return {**decision, "source": "error", "why": why}
-    if family.serves:  # its library compiles what no bundle holds; our overlay is not used
+    if adapter:  # our overlay is not used
         why = (
-            f"a miss: {missing}; {family.serves} compiles it itself as without cute-aot (a "
+            f"a miss: {missing}; {adapter.serves} compiles it itself as without cute-aot (a "
             f"stall of seconds), and the miss is recorded in {misses.miss_log_path()}"
         )
         return {**decision, "source": "jit", "why": why}

@@ -32,7 +32,7 @@ from cute_aot.aot import models as model_shapes
 from cute_aot.artifacts import PACKAGE_VERSION, settings, terminal
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.artifacts.json_lines import append_line, read_objects
-from cute_aot.kernels import KernelFamily, family
+from cute_aot.kernels import KernelFamily, TorchReference, capability, contract, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.tables import Table, read_tables, write_tables
 from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call, seconds_per_call_each
@@ -409,6 +409,10 @@ def main(
     console = terminal.console(stderr=True)
     try:
         found = family(family_name)
+        # what tune() and the Tuner class below use: candidates to time, and a reference
+        lacking = [p.__name__ for p in (contract.Tuner, TorchReference) if not capability(found, p)]
+        if lacking:
+            raise click.UsageError(f"{family_name} has no {' or '.join(lacking)}: nothing to tune")
         shapes = _parse_shapes(found, shape_texts)
         where = parse_where(where_texts, found.Key)
         base_tables = read_tables(base_path) if base_path else None
