@@ -36,13 +36,13 @@ from cute_aot.artifacts.atomic import (
     Claimed,
     atomic_write,
     claimed,
-    owner_tag,
     remove_dead_leftovers,
     scratch_folder,
+    temporary_name,
 )
 from cute_aot.artifacts.bundle import bundle_filename, read_manifest, sha256_file
 from cute_aot.artifacts.errors import BuildError, BundleError
-from cute_aot.kernels import families, family
+from cute_aot.kernels import Tuner, TuningCache, capability, families, family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 from cute_aot.kernels.contract import Shape
 
@@ -107,19 +107,19 @@ class BuildPlan:
         arch = normalize_arch(arch)
         keys = []
         for name in self.families_for(arch):
-            keys += family(name).enumerate_keys(
-                arch, self.shapes(name), self.tables.get((name, arch))
-            )
-            if self.all_tactics:  # every candidate aot-tune would time for these shapes
-                found = family(name)
+            found = family(name)
+            keys += found.enumerate_keys(arch, self.shapes(name), self.tables.get((name, arch)))
+            tuner = capability(found, Tuner)
+            if self.all_tactics and tuner:  # every candidate aot-tune would time for these shapes
                 keys += [
                     key
                     for shape in self.shapes(name)
-                    for problem in found.tune_problems(shape)
-                    for key in found.tune_candidates(problem, arch)
+                    for problem in tuner.tune_problems(shape)
+                    for key in tuner.tune_candidates(problem, arch)
                 ]
-            for path in self.tuning_caches:
-                keys += family(name).keys_from_tuning_cache(Path(path), arch)
+            if saved := capability(found, TuningCache):
+                for path in self.tuning_caches:
+                    keys += saved.keys_from_tuning_cache(Path(path), arch)
         return keys
 
 
@@ -303,7 +303,7 @@ def merge(
 def _one_build_of(out_dir: Path, name: str) -> Iterator[None]:
     """This build's claim on `<out_dir>/<name>-*` and their report: a second build of the same
     name into the same folder refuses, naming the one that holds it (a build of another name goes
-    on beside it). The claim is a file made with O_EXCL that names its holder (atomic.claimed; no
+    on beside it). The claim is a lock file that names its holder (atomic.claimed: link(), no
     flock, which NFS does not keep); a killed holder's is taken over by the next build."""
     try:
         with claimed(out_dir / f".{name}.build-claim"):
@@ -388,8 +388,9 @@ def _work_folder(out_dir: Path, shard_folder: str | None) -> Iterator[Path]:
             yield scratch
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{shard_folder}.{owner_tag()}.", dir=out_dir))
-    work.chmod(0o755)  # mkdtemp makes it private; CI artifact uploads and other users read it
+    work = out_dir / temporary_name(f".{shard_folder}", folder=True)
+    work.mkdir()
+    work.chmod(0o755)  # whatever the umask: CI artifact uploads and other users read it
     try:
         yield work
         final = out_dir / shard_folder

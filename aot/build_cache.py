@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 from cute_aot.artifacts import PACKAGE_VERSION, cache_layout, settings, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.bundle import sha256_file
+from cute_aot.artifacts.digest import SPACED, json_digest, module_source, source_digest
 from cute_aot.artifacts.errors import SignatureError
-from cute_aot.artifacts.fingerprints import module_sources_digest, packer_code_digest
+from cute_aot.artifacts.fingerprints import packer_code_digest
 from cute_aot.artifacts.settings import cache_dir
 from cute_aot.kernels import family_facts, source_hash
 
@@ -67,13 +68,14 @@ def stable_row(row: dict) -> dict:
 
 
 def _digest(facts: dict) -> str:
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+    return json_digest(facts, separators=SPACED)
 
 
 @functools.cache
 def worker_fingerprint() -> dict:
     """The worker's code, and the inspection tools whose presence shapes its rows."""
-    return {"modules": module_sources_digest(WORKER_MODULES), "tools": _inspection_tools()}
+    modules = source_digest((name, module_source(name)) for name in WORKER_MODULES)
+    return {"modules": modules, "tools": _inspection_tools()}
 
 
 def _inspection_tools() -> dict:

@@ -3,9 +3,9 @@ byte-identical bundle files; when it does not, say which kernels or which part d
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
+from cute_aot.artifacts.atomic import scratch_folder
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.errors import NotReproducibleError
 
@@ -42,9 +42,9 @@ def compare_folders(expected: list[Path], rebuilt_dir: Path) -> list[str]:
 
 def check_reproducible(expected: list[Path], rebuild) -> None:
     """rebuild(folder) builds the same plan cleanly into folder; raises NotReproducibleError."""
-    with tempfile.TemporaryDirectory(prefix="cute-aot-repro-") as folder:
-        rebuild(Path(folder))
-        problems = compare_folders(expected, Path(folder))
+    with scratch_folder("cute-aot-repro") as folder:
+        rebuild(folder)
+        problems = compare_folders(expected, folder)
     if problems:
         raise NotReproducibleError(
             "a clean rebuild is not byte-identical:\n" + "\n".join(f"  {p}" for p in problems)

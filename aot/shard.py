@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.digest import SPACED, json_digest
 from cute_aot.artifacts.errors import ShardError
 from cute_aot.kernels import families, family, family_facts, source_hash
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
@@ -68,7 +69,7 @@ def plan_record(keys_by_arch: dict[str, list]) -> dict[str, list[dict]]:
 
 
 def plan_sha256(record: dict[str, list[dict]]) -> str:
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+    return json_digest(record, separators=SPACED)
 
 
 def families_record(keys_by_arch: dict[str, list]) -> dict[str, dict]:

@@ -1,9 +1,14 @@
-"""Publishing files so that no reader ever sees a partial one, and scratch that outlives no writer.
+"""Publishing files so that no reader ever sees a partial one, scratch that outlives no writer,
+and the one locking rule.
 
-Every temporary name made here carries its writer's pid and machine (a hash of host name and pid
-namespace), `.pid<N>@<machine>.`: a writer killed with SIGKILL cannot clean up after itself, so
-the next build removes what dead writers of this machine left (`remove_dead_leftovers`). A live
-writer's files are never touched, nor those of another machine's (an NFS folder).
+Every temporary file and scratch folder cute-aot makes is named by `temporary_name`, which
+carries its writer's pid and machine (a hash of host name and pid namespace), `.pid<N>@<machine>.`:
+a writer killed with SIGKILL cannot clean up after itself, so the next build removes what dead
+writers of this machine left (`remove_dead_leftovers`). A live writer's files are never touched,
+nor those of another machine's (an NFS folder).
+
+Locks (`claimed`) are files published with link(), naming their holder; never flock or lockf,
+which NFS keeps unreliably or not at all, while link() is atomic on every NFS version.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import tempfile
@@ -21,7 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-# `<what>.pid<N>@<machine>.<random>[.tmp]`; <what> is a hidden name or a cute-aot scratch prefix.
+# temporary_name's `<what>.pid<N>@<machine>.<random>[.tmp]` (the random part of older versions'
+# mkstemp names included); <what> is a hidden name or a cute-aot scratch prefix.
 _OWNED_NAME = re.compile(
     r"^(?:\..+|cute-aot-[a-z-]+)\.pid(\d+)@([0-9a-f]{12})\.[A-Za-z0-9_]+(?:\.tmp)?$"
 )
@@ -41,6 +48,19 @@ def _machine() -> str:
 def owner_tag() -> str:
     """`pid<N>@<machine>`, the part of a temporary name that says who may still need it."""
     return f"pid{os.getpid()}@{_machine()}"
+
+
+def temporary_name(what: str, folder: bool = False) -> str:
+    """The name of every temporary file and scratch folder cute-aot makes, the one scheme that
+    `remove_dead_leftovers` (and `aot-cache gc`, by age) recognise:
+    `<what>.pid<N>@<machine>.<random>.tmp`, a folder's without `.tmp`.
+
+    `what` is `.<final name>` for a file renamed into place later (hidden from readers that
+    list the folder), or `cute-aot-<purpose>` for scratch in TMPDIR.
+    """
+    if not (what.startswith(".") or re.fullmatch(r"cute-aot-[a-z-]+", what)):
+        raise ValueError(f"{what!r}: a temporary name starts with '.' or is cute-aot-<purpose>")
+    return f"{what}.{owner_tag()}.{secrets.token_hex(4)}{'' if folder else '.tmp'}"
 
 
 def _alive(pid: int) -> bool:
@@ -81,9 +101,12 @@ def remove_dead_leftovers(folder: str | os.PathLike) -> list[Path]:
 
 @contextlib.contextmanager
 def scratch_folder(prefix: str, parent: str | os.PathLike | None = None) -> Iterator[Path]:
-    """A private folder `<prefix>.pid<N>@<machine>.<random>` in `parent` (default: TMPDIR),
-    removed on exit; after a SIGKILL, by the next `remove_dead_leftovers(parent)`."""
-    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}.{owner_tag()}.", dir=parent))
+    """A private folder `temporary_name(prefix)` in `parent` (default: TMPDIR), removed on
+    exit; after a SIGKILL, by the next `remove_dead_leftovers(parent)`."""
+    folder = Path(parent if parent is not None else tempfile.gettempdir()) / temporary_name(
+        prefix, folder=True
+    )
+    folder.mkdir(mode=0o700)
     try:
         yield folder
     finally:
@@ -95,9 +118,8 @@ def _complete_temporary(path: Path, data: bytes, mode: int) -> Iterator[str]:
     """A fully written, fsynced file with a unique name beside `path`; removed on exit unless
     the caller has renamed it away."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.name}.{owner_tag()}.", suffix=".tmp", dir=path.parent
-    )
+    tmp = str(path.parent / temporary_name(f".{path.name}"))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -144,56 +166,136 @@ def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o444) -> boo
 
 
 class Claimed(Exception):
-    """Another live process holds the claim; `holder` says who (pid, host, since)."""
+    """Another live process holds the lock; `holder` says who (pid, host, since)."""
 
     def __init__(self, path: Path, holder: dict):
         super().__init__(
             f"{path} is held by pid {holder.get('pid', '?')} on "
             f"{holder.get('host', '?')} since {holder.get('since', '?')}"
         )
+        self.path = path
         self.holder = holder
 
 
 @contextlib.contextmanager
-def claimed(path: str | os.PathLike) -> Iterator[None]:
-    """Hold `path` as this process's claim while inside: a file made with O_EXCL (what NFS
-    keeps atomic, unlike flock) naming its owner, removed at the end. A claim whose owner, a
-    process of this machine, has died is taken over; a live owner's raises Claimed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mine = {
-        "owner": owner_tag(),
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except FileExistsError:
-            holder = _claim_holder(path)
-            owner = re.fullmatch(r"pid(\d+)@([0-9a-f]{12})", str(holder.get("owner", "")))
-            if owner and owner[2] == _machine() and not _alive(int(owner[1])):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()  # left by a killed owner
-                continue
-            raise Claimed(path, holder) from None
-        with os.fdopen(fd, "w") as claim:
-            claim.write(json.dumps(mine))
-        break
-    else:
-        raise Claimed(path, _claim_holder(path))
+def claimed(
+    path: str | os.PathLike, wait: float = 0.0, stale_after: float | None = None
+) -> Iterator[None]:
+    """Hold the lock `path` while inside: cute-aot's one locking rule (build claims, the report
+    merge, the shared record file, one fetch per URL).
+
+    The lock is a file published with link() (atomic on every NFS version, unlike flock),
+    complete from its first instant, naming its holder (owner tag, pid, host, since); the
+    holder unlinks it at the end. A stale lock is taken over: its holder, a process of this
+    machine, has died (SIGKILL, power loss), or, given `stale_after`, the file is older than
+    that many seconds (how a holder on another machine, or a hung one, is judged: the bound
+    must exceed the longest hold). A live holder's lock is waited for up to `wait` seconds,
+    then Claimed names it. A folder where no lock can be made (read-only, full) raises
+    OSError naming `path`.
+    """
+    path, pid = Path(path), os.getpid()
+    mine = json.dumps(
+        {
+            "owner": owner_tag(),
+            "pid": pid,
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "token": secrets.token_hex(8),  # tells this hold from any other, inodes being reused
+        }
+    )
+    deadline = time.monotonic() + wait
+    pause = 0.002
+    while not _link_lock(path, mine):
+        holder, seen = _lock_holder(path)
+        if seen is None or (_stale(holder, seen, stale_after) and _take_over(path, seen)):
+            continue  # released, or a stale one removed: link again at once
+        if time.monotonic() >= deadline:
+            raise Claimed(path, holder)
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 2, 0.25)
     try:
         yield
     finally:
-        if _claim_holder(path).get("owner") == mine["owner"]:
+        # Only this hold's own file: a lock judged stale may be another's by now, and a forked
+        # child leaving the block releases nothing of its parent's.
+        held = _lock_holder(path)[1]
+        if held is not None and held[2] == mine and pid == os.getpid():
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
 
-def _claim_holder(path: Path) -> dict:
+def _link_lock(path: Path, content: str) -> bool:
+    """Publish `content` at `path` unless a file is there; True if this call did."""
+    tmp = path.parent / temporary_name(f".{path.name}")
     try:
-        holder = json.loads(path.read_text())
-    except (OSError, ValueError):  # gone, or being written this instant
-        return {}
-    return holder if isinstance(holder, dict) else {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(content)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(exc.errno, f"cannot take the lock ({exc.strerror})", str(path)) from None
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        # NFS: a link whose reply was lost is sent again and fails, though it was made.
+        return os.stat(tmp).st_nlink == 2
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot take the lock ({exc.strerror})", str(path)) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _lock_holder(path: Path) -> tuple[dict, tuple | None]:
+    """Who holds `path`, and which file it is: (inode, mtime, text), None once it is gone."""
+    try:
+        with open(path, "rb") as handle:
+            found = os.fstat(handle.fileno())
+            text = handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return {}, None
+    except OSError:  # unreadable (another user's, 0600): judged by its age alone
+        try:
+            found, text = os.stat(path), ""
+        except FileNotFoundError:
+            return {}, None
+    try:
+        holder = json.loads(text)
+    except ValueError:  # not a lock written here (an older version's, or another program's)
+        holder = {}
+    return holder if isinstance(holder, dict) else {}, (found.st_ino, found.st_mtime, text)
+
+
+def _stale(holder: dict, seen: tuple, stale_after: float | None) -> bool:
+    owner = re.fullmatch(r"pid(\d+)@([0-9a-f]{12})", str(holder.get("owner", "")))
+    if owner and owner[2] == _machine() and not _alive(int(owner[1])):
+        return True
+    return stale_after is not None and time.time() - seen[1] > stale_after
+
+
+def _take_over(path: Path, seen: tuple) -> bool:
+    """Remove the stale lock `seen` unless it is gone or replaced; True if it is gone.
+
+    Two waiters that both judged it stale must not both remove: the second would remove the
+    lock the first has just taken. So the removal is itself a lock, held for an instant, under
+    which the file is looked at again."""
+    guard = path.with_name(f"{path.name}.takeover")
+    if not _link_lock(guard, json.dumps({"owner": owner_tag(), "pid": os.getpid()})):
+        holder, other = _lock_holder(guard)
+        if other is not None and _stale(holder, other, 10.0):  # a taker killed in its instant
+            with contextlib.suppress(FileNotFoundError):
+                guard.unlink()
+        return False
+    try:
+        now = _lock_holder(path)[1]
+        if now == seen:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            remove_dead_leftovers(path.parent)  # what else its dead holder left there
+        return now is None or now == seen
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            guard.unlink()

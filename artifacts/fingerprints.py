@@ -8,10 +8,10 @@ read, never imported (servers compute this on a miss and must not import the bui
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 from pathlib import Path
 
+from cute_aot.artifacts.digest import ABSENT, file_source, module_source, source_digest
 from cute_aot.artifacts.manifest import FORMAT_VERSION
 
 PACKER_MODULES = (
@@ -25,25 +25,13 @@ PACKER_MODULES = (
 PACKER_DATA = ("cute_dsl_shim.c", "shape_dispatch.c")
 
 
-def module_sources_digest(names: tuple[str, ...]) -> str:
-    """sha256 over the source files of these modules (absent ones count as absent)."""
-    digest = hashlib.sha256()
-    for name in names:
-        spec = importlib.util.find_spec(name)
-        source = Path(spec.origin).read_bytes() if spec and spec.origin else b"<absent>"
-        digest.update(name.encode() + b"\0" + source + b"\0")
-    return digest.hexdigest()
-
-
 @functools.cache
 def packer_code_digest() -> str:
     """The bundle format version, the packer's modules and the data files it links in."""
-    digest = hashlib.sha256(f"format {FORMAT_VERSION}\0".encode())
-    digest.update(module_sources_digest(PACKER_MODULES).encode())
+    modules = source_digest((name, module_source(name)) for name in PACKER_MODULES)
     spec = importlib.util.find_spec("cute_aot.aot")
     folder = Path(spec.origin).parent if spec and spec.origin else None
-    for name in PACKER_DATA:
-        path = folder / name if folder else None
-        data = path.read_bytes() if path and path.is_file() else b"<absent>"
-        digest.update(name.encode() + b"\0" + data + b"\0")
-    return digest.hexdigest()
+    return source_digest(
+        ((name, file_source(folder / name) if folder else ABSENT) for name in PACKER_DATA),
+        prefix=f"format {FORMAT_VERSION}\0".encode() + modules.encode(),
+    )

@@ -111,11 +111,14 @@ def _file_objects(path: Path) -> Iterator[tuple[str, dict]]:
 
 def _remote_objects(url: str) -> Iterator[tuple[str, dict]]:
     fs, root = urls.filesystem(url)
-    names = [root] if fs.isfile(root) else sorted(n for n in fs.find(root) if n.endswith(SUFFIX))
+    if urls.store_call(url, fs, "isfile", root):
+        names = [root]
+    else:
+        names = sorted(n for n in urls.store_call(url, fs, "find", root) if n.endswith(SUFFIX))
     protocol = url.split("://", 1)[0]
     for name in names:
         # One object is one process's lines (one per key or call): small, read whole.
-        lines = fs.cat_file(name).splitlines(keepends=True)
+        lines = urls.store_call(url, fs, "cat_file", name).splitlines(keepends=True)
         yield from _objects(lines, f"{protocol}://{name}")
 
 

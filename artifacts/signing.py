@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cute_aot.artifacts import settings
+from cute_aot.artifacts.digest import canonical_json
 from cute_aot.artifacts.errors import KeyFileError, SignatureError
 from cute_aot.artifacts.manifest import Manifest
 
@@ -242,8 +243,7 @@ def cache_record_bytes(kind: str, digest: str, record: Mapping) -> bytes:
 
     unsigned = {name: value for name, value in record.items() if name != "signature"}
     document = {"kind": kind, "digest": digest, "record": json.loads(json.dumps(unsigned))}
-    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return CACHE_RECORD_DOMAIN + canonical.encode()
+    return CACHE_RECORD_DOMAIN + canonical_json(document).encode()
 
 
 def sign_cache_record(

@@ -6,6 +6,9 @@ local file never imports it. A filesystem is configured the way fsspec and its p
 (`FSSPEC_<PROTOCOL>_<OPTION>` variables, fsspec's config files, or the protocol's own, e.g.
 `AWS_ENDPOINT_URL` and the AWS credential chain for s3://); only bounded timeouts are added
 here, so that no caller waits on a store that does not answer.
+
+Every call to a store goes through `store_call` or `retried` below: the one place that decides
+how often a call is tried, the backoff between attempts and which calls get a deadline.
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+from cute_aot.artifacts.errors import CuteAotError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -59,8 +66,8 @@ def _options(protocol: str) -> dict:
     """Bounded timeouts where the protocol takes them, under what fsspec's config says (an
     operator's own option of the same name wins)."""
     if protocol in ("s3", "s3a"):
-        # botocore retries nothing itself: callers retry (remote.py's attempts, the miss log's
-        # next interval), the same way for every protocol.
+        # botocore retries nothing itself: `retried` below does, the same way for every
+        # protocol.
         mine = {
             "config_kwargs": {
                 "connect_timeout": CONNECT_TIMEOUT,
@@ -87,3 +94,46 @@ def _options(protocol: str) -> dict:
         elif name in theirs:
             mine[name] = theirs[name]
     return mine
+
+
+# -- retries -------------------------------------------------------------------------------------
+ATTEMPTS = 3
+BACKOFF = 0.25  # seconds before the second attempt, doubled before each next one
+# One listing or metadata call, whatever the protocol's own retries do inside it.
+CALL_DEADLINE = CONNECT_TIMEOUT + READ_TIMEOUT
+# The calls whose answer is small, so a deadline for the whole call is safe (where fsspec's
+# sync() takes one); a transfer may take long, so only its stalls are bounded (the timeouts above).
+_DEADLINED = frozenset({"info", "ls", "isfile"})
+
+
+class Unreachable(OSError):
+    """The store did not answer (after every attempt): a cached copy may serve instead."""
+
+
+def store_call(url: str, fs, method: str, *args, **kwargs):
+    """`fs.<method>(*args, **kwargs)`, retried (see `retried`), with CALL_DEADLINE where the
+    method answers small and the filesystem takes a deadline."""
+    if method in _DEADLINED:
+        from fsspec.asyn import AsyncFileSystem
+
+        if isinstance(fs, AsyncFileSystem):
+            kwargs.setdefault("timeout", CALL_DEADLINE)
+    return retried(url, getattr(fs, method), *args, **kwargs)
+
+
+def retried(url: str, call: Callable, *args, **kwargs):
+    """`call` tried ATTEMPTS times with backoff; Unreachable naming `url` and the last reason.
+    A missing object is an answer, not a failure, and our own errors are never retried. For a
+    step of several store calls that is retried as a whole (a download and its checks)."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return call(*args, **kwargs)
+        except (FileNotFoundError, CuteAotError):
+            raise
+        except Exception as exc:  # network stacks raise their own (botocore, aiohttp, asyncio)
+            last = exc
+        if attempt + 1 < ATTEMPTS:
+            time.sleep(BACKOFF * 2**attempt)
+    code = last.errno if isinstance(last, OSError) and last.errno else errno.EIO
+    reason = f"{type(last).__name__}: {last}".strip().rstrip(":")
+    raise Unreachable(code, f"cannot reach the store after {ATTEMPTS} attempts ({reason})", url)

@@ -15,19 +15,15 @@ Files (`aot-build --tables`, `aot-tune --out`) hold ``{"tables": [record, ...]}`
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cute_aot.artifacts.digest import TABLE_LENGTH, json_digest
 from cute_aot.artifacts.errors import TableError
 
 TABLE_FORMAT = 1
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,8 +38,8 @@ class Table:
         """Identity of what dispatch reads (family, arch, data): 16 hex digits. Computed once: a
         table is a value (its data is never changed after it is made), and dispatch caches hash
         it on every call."""
-        text = _canonical({"family": self.family, "arch": self.arch, "data": self.data})
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        identity = {"family": self.family, "arch": self.arch, "data": self.data}
+        return json_digest(identity, length=TABLE_LENGTH)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Table) and (self.family, self.arch, self.digest) == (

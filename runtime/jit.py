@@ -6,11 +6,11 @@ concurrent misses of one key wait for the first one's result instead of compilin
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from cute_aot.artifacts.atomic import scratch_folder
 from cute_aot.artifacts.errors import JitUnavailableError
 from cute_aot.runtime import overlay, policy
 
@@ -72,7 +72,7 @@ def _publish(compiled, key, arch: str) -> None:
         from cute_aot.aot.compile_worker import export_object
         from cute_aot.aot.pack import pack_bundle
 
-        with tempfile.TemporaryDirectory(prefix="cute-aot-jit-") as scratch:
+        with scratch_folder("cute-aot-jit") as scratch:
             row = export_object(compiled, key, scratch)
             _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row}, sign=overlay.sign)
         if overlay.publish(key, arch, bundle):

@@ -453,7 +453,7 @@ def _load_c_abi_module(path: Path, fd: int):
     The DSL's loader takes a file name ending in .so, so a private link to /proc/self/fd/N
     names the verified library; the dynamic loader recognises the file as loaded already and
     hands back that copy, so nothing is read from the cache dir again."""
-    import tempfile
+    from cute_aot.artifacts.atomic import scratch_folder
 
     try:
         from cutlass.cute.runtime import load_module
@@ -463,7 +463,7 @@ def _load_c_abi_module(path: Path, fd: int):
         ) from None
     if fd < 0:
         raise IncompatibleBundleError(path, "its library was not loaded through a descriptor")
-    with tempfile.TemporaryDirectory(prefix="cute-aot-c-abi-") as folder:
+    with scratch_folder("cute-aot-c-abi") as folder:
         name = os.path.join(folder, "library.so")
         os.symlink(f"/proc/self/fd/{fd}", name)
         return load_module(name)

@@ -14,8 +14,6 @@ renamed files.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import uuid
 from pathlib import Path
@@ -23,6 +21,7 @@ from pathlib import Path
 from cute_aot.artifacts import cache_layout, settings, signing, toolchain
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
+from cute_aot.artifacts.digest import OVERLAY_LENGTH, SPACED, json_digest
 from cute_aot.artifacts.errors import BundleError, SignatureError
 from cute_aot.artifacts.fingerprints import packer_code_digest
 from cute_aot.artifacts.manifest import Manifest
@@ -49,7 +48,7 @@ def fingerprint(family: str) -> str:
         # so that they never set each other's entries aside.
         "signer": signer_key_id(),
     }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
+    return json_digest(facts, separators=SPACED, length=OVERLAY_LENGTH)
 
 
 def overlay_path(key, arch: str) -> Path:

@@ -114,7 +114,8 @@ def _replace(target: str, data: bytes) -> None:
     local = urls.local_path(target)
     if local is None:
         fs, path = urls.filesystem(target)
-        fs.pipe_file(path, data)  # one PUT: readers see the previous version or this one
+        # One PUT: readers see the previous version or this one.
+        urls.store_call(target, fs, "pipe_file", path, data)
         return
     local.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(local, data)  # a temporary name the reader skips, then a rename

@@ -10,7 +10,8 @@ Records are JSON lines, one per distinct call. Each holds the recorded family's 
 example values and the hardware answers a replay needs), the architecture, the call site, and
 for a call that cannot be replayed the reason instead. Where they go:
 
-- a file: every process appends to it, under a file lock, a call already in it not again
+- a file: every process appends to it, under a lock (artifacts/atomic.claimed), a call
+  already in it not again
   (the one JSON-lines appender and reader: artifacts/json_lines.py);
 - a folder (a trailing '/', or an existing folder): one file per process, appended to;
 - a URL prefix (s3://bucket/records/, any fsspec protocol): one file per process, written in
@@ -30,9 +31,8 @@ import os
 import time
 from pathlib import Path
 
-from filelock import FileLock
-
 from cute_aot.artifacts import settings, urls
+from cute_aot.artifacts.atomic import claimed
 from cute_aot.artifacts.json_lines import append_line, objects_after
 from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT, RecordedCallKey, hardware_answers
 from cute_aot.kernels.recorded.calls import signature_mismatch
@@ -41,6 +41,11 @@ from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.process_files import host, is_prefix, process_file
 
 __all__ = ["Recorder", "recording"]
+
+# An append holds the lock for milliseconds: one held longer belongs to a process that hangs or
+# died on another machine, and is taken over; a wait past that loses the record, said once.
+LOCK_STALE = 30.0
+LOCK_WAIT = 60.0
 
 
 class Recorder:
@@ -107,7 +112,7 @@ class Recorder:
                 append_line(Path(self.location) / f"{host()}-{os.getpid()}.record.jsonl", line)
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(f"{self.path}.lock"):
+        with claimed(f"{self.path}.lock", wait=LOCK_WAIT, stale_after=LOCK_STALE):
             self._read_others()
             if subject in self._written:
                 return

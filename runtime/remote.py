@@ -9,6 +9,7 @@ A URL whose path ends in `.cuteaot` names one bundle; any other names a folder o
                            version}]}, version being the store's ETag or mtime: what lets the next
                            process skip the download, and an unreachable store be served offline
     locks/<url id>.lock    held while one process fetches the URL: the others wait, then reuse
+                           (artifacts/atomic.claimed; a killed fetcher's is taken over)
 
 A download goes to a pid-tagged temporary name beside its copy (atomic.remove_dead_leftovers
 removes a dead writer's), is fsynced, verified, then renamed: nothing half-written or unverified is
@@ -30,18 +31,18 @@ import hashlib
 import json
 import os
 import posixpath
-import secrets
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from filelock import FileLock
-from filelock import Timeout as LockTimeout
-
 from cute_aot.artifacts import cache_layout, settings, signing, urls
-from cute_aot.artifacts.atomic import atomic_write, owner_tag, remove_dead_leftovers
+from cute_aot.artifacts.atomic import (
+    Claimed,
+    atomic_write,
+    claimed,
+    remove_dead_leftovers,
+    temporary_name,
+)
 from cute_aot.artifacts.bundle import (
     BUNDLE_SUFFIX,
     SHA256_RE,
@@ -55,11 +56,9 @@ from cute_aot.runtime.loader import check_trust
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
-# One listing or metadata call, whatever the protocol's own retries do inside it.
-CALL_DEADLINE = urls.CONNECT_TIMEOUT + urls.READ_TIMEOUT
-ATTEMPTS = 3
-BACKOFF = 0.25  # seconds before the second attempt, doubled before each next one
 LOCK_WAIT = 600.0  # another process's download of a large bundle over a slow link
+# Older than any fetch: a holder on another machine sharing the cache dir (NFS) that died.
+LOCK_STALE = 2 * LOCK_WAIT
 # One put of an object is atomic in these: readers see the old object or the new, never a part.
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 
@@ -83,10 +82,6 @@ class _Listed:
     version: str | None
 
 
-class _Unreachable(OSError):
-    """The store did not answer (after every attempt): a cached copy may serve instead."""
-
-
 def fetch(url: str) -> list[Path]:
     """Local verified copies of the bundles at `url` (a bundle file or a folder of them)."""
     return [bundle.path for bundle in fetch_bundles(url)]
@@ -104,17 +99,18 @@ def fetch_bundles(url: str, strict: bool | None = None, offline: bool = True) ->
     fs, root = urls.filesystem(url)
     folder = _cache_folder()
     url_id = hashlib.sha256(url.encode()).hexdigest()[:32]
-    lock = FileLock(folder / cache_layout.REMOTE_LOCKS / f"{url_id}.lock", timeout=LOCK_WAIT)
+    lock = folder / cache_layout.REMOTE_LOCKS / f"{url_id}.lock"
     index = folder / cache_layout.REMOTE_INDEX / f"{url_id}.json"
     try:
-        with lock:  # 8 ranks of a node: one downloads, the others then find its verified copy
+        # 8 ranks of a node: one downloads, the others then find its verified copy
+        with claimed(lock, wait=LOCK_WAIT, stale_after=LOCK_STALE):
             remove_dead_leftovers(folder)
             return _fetch_locked(url, fs, root, folder, index, strict, offline)
-    except LockTimeout:
+    except Claimed:
         raise OSError(
             errno.ETIMEDOUT,
             f"another process has been fetching {url} for over {LOCK_WAIT:.0f} s",
-            str(lock.lock_file),
+            str(lock),
         ) from None
 
 
@@ -138,7 +134,7 @@ def _fetch_locked(url, fs, root, folder: Path, index: Path, strict, offline) -> 
                     ("remote-refused", item.url),
                     f"skipping {exc}; its kernels fall back to the overlay cache or JIT",
                 )
-    except _Unreachable as exc:
+    except urls.Unreachable as exc:
         if not offline:
             raise
         return _serve_offline(url, list(known.values()), folder, exc)
@@ -147,30 +143,6 @@ def _fetch_locked(url, fs, root, folder: Path, index: Path, strict, offline) -> 
 
 
 # -- the store -----------------------------------------------------------------------------------
-def _attempts(url: str, call: Callable, *args, **kwargs):
-    """`call` tried ATTEMPTS times with backoff; _Unreachable naming `url` and the last reason.
-    A missing object is an answer, not a failure, and our own errors are never retried."""
-    for attempt in range(ATTEMPTS):
-        try:
-            return call(*args, **kwargs)
-        except (FileNotFoundError, CuteAotError):
-            raise
-        except Exception as exc:  # network stacks raise their own (botocore, aiohttp, asyncio)
-            last = exc
-        if attempt + 1 < ATTEMPTS:
-            time.sleep(BACKOFF * 2**attempt)
-    code = last.errno if isinstance(last, OSError) and last.errno else errno.EIO
-    reason = f"{type(last).__name__}: {last}".strip().rstrip(":")
-    raise _Unreachable(code, f"cannot reach the store after {ATTEMPTS} attempts ({reason})", url)
-
-
-def _deadline(fs) -> dict:
-    """A deadline for a whole listing or metadata call, where fsspec's sync() takes one."""
-    from fsspec.asyn import AsyncFileSystem
-
-    return {"timeout": CALL_DEADLINE} if isinstance(fs, AsyncFileSystem) else {}
-
-
 def _names_a_bundle(root: str) -> bool:
     return root.rstrip("/").endswith(BUNDLE_SUFFIX)
 
@@ -178,18 +150,18 @@ def _names_a_bundle(root: str) -> bool:
 def _list(fs, root: str, url: str, single: bool) -> list[_Listed]:
     """The bundle objects at `root`, sorted by name (the order local folders load in)."""
     if single:
-        infos = [_attempts(url, fs.info, root, **_deadline(fs))]
+        infos = [urls.store_call(url, fs, "info", root)]
     else:
         infos = [
             info
-            for info in _attempts(url, fs.ls, root, detail=True, **_deadline(fs))
+            for info in urls.store_call(url, fs, "ls", root, detail=True)
             if _inside(info, root)
         ]
         # Listings of some stores (http) carry no size or version: each object is asked.
         infos = [
             info
             if _version(info) and info.get("size") is not None
-            else _attempts(url, fs.info, info["name"], **_deadline(fs))
+            else urls.store_call(url, fs, "info", info["name"])
             for info in infos
         ]
     listed = [
@@ -256,8 +228,8 @@ def _reuse(folder: Path, entry: dict | None, item: _Listed | None) -> RemoteBund
 
 def _download(fs, item: _Listed, folder: Path) -> RemoteBundle:
     def once() -> RemoteBundle:
-        fd, tmp = tempfile.mkstemp(prefix=f".download.{owner_tag()}.", suffix=".tmp", dir=folder)
-        os.close(fd)
+        tmp = str(folder / temporary_name(".download"))
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             fs.get_file(item.remote_path, tmp)
             with open(tmp, "rb") as handle:
@@ -274,7 +246,7 @@ def _download(fs, item: _Listed, folder: Path) -> RemoteBundle:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
-    return _attempts(item.url, once)
+    return urls.retried(item.url, once)  # a cut transfer is downloaded again
 
 
 def _verify(path: str, url: str) -> None:
@@ -305,7 +277,7 @@ def _check_remote_trust(url: str, manifest: Manifest) -> None:
 def _serve_offline(url: str, entries: list[dict], folder: Path, exc: OSError) -> list[RemoteBundle]:
     copies = [_reuse(folder, entry, None) for entry in entries]
     if not entries or None in copies:
-        raise _Unreachable(
+        raise urls.Unreachable(
             exc.errno, f"{exc.strerror}; no verified copy of it is cached here", url
         ) from None
     warn_once(
@@ -378,7 +350,7 @@ def push(sources: list[str | os.PathLike], url: str) -> list[Pushed]:
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     renamed = not protocols & _OBJECT_STORES
     if renamed:
-        _attempts(url, fs.makedirs, base, exist_ok=True)
+        urls.store_call(url, fs, "makedirs", base, exist_ok=True)
     pushed = []
     for path in files:
         manifest, _library = read_bundle(path)
@@ -386,16 +358,16 @@ def push(sources: list[str | os.PathLike], url: str) -> list[Pushed]:
         target = f"{base}/{path.name}"
         target_url = fs.unstrip_protocol(target)
         if renamed:
-            temporary = f"{base}/.{path.name}.{owner_tag()}.{secrets.token_hex(4)}.tmp"
+            temporary = f"{base}/{temporary_name(f'.{path.name}')}"
             try:
-                _attempts(target_url, fs.put_file, str(path), temporary)
-                _attempts(target_url, fs.mv, temporary, target)
+                urls.store_call(target_url, fs, "put_file", str(path), temporary)
+                urls.store_call(target_url, fs, "mv", temporary, target)
             finally:
                 with contextlib.suppress(Exception):  # gone already when the rename worked
-                    fs.rm(temporary)
+                    urls.store_call(target_url, fs, "rm", temporary)
         else:
-            _attempts(target_url, fs.put_file, str(path), target)
-        stored = _attempts(target_url, fs.info, target).get("size")
+            urls.store_call(target_url, fs, "put_file", str(path), target)
+        stored = urls.store_call(target_url, fs, "info", target).get("size")
         if stored not in (None, size):
             raise OSError(
                 errno.EIO, f"the store holds {stored} bytes, {size} were pushed", target_url

@@ -4,9 +4,10 @@ At exit (or SIGTERM), each process whose hook was active adds its counts to the 
 JSON object: the totals of compiles (real `cute.compile` executions made through the hook),
 hits (calls served from a bundle) and misses (served processes that found no kernel), per
 target (`module:function` compiled) and per family (runtime/policy.py's counters), and each
-process's own under `processes`. Processes merge into the file under a lock, each replacing
-it whole (a reader sees the previous version or the next), so a server and all its workers
-give one report: `compiles: 0` says the whole program was served.
+process's own under `processes`. Processes merge into the file under a lock (`<report>.lock`,
+artifacts/atomic.claimed), each replacing it whole (a reader sees the previous version or the
+next), so a server and all its workers give one report: `compiles: 0` says the whole program was
+served.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from filelock import FileLock
-
 from cute_aot.artifacts import settings
-from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.atomic import atomic_write, claimed
 from cute_aot.runtime.at_exit import on_exit
 from cute_aot.runtime.notices import warn_once
 
@@ -27,6 +26,10 @@ __all__ = ["summary", "write_at_exit", "write_report"]
 
 REPORT_FORMAT = 1
 TOTALS = ("compiles", "hits", "misses")
+# A merge holds the lock for milliseconds: one held longer belongs to a process that hangs or
+# died on another machine, and is taken over; a wait past that is said, not waited out at exit.
+LOCK_STALE = 30.0
+LOCK_WAIT = 60.0
 
 
 def summary() -> dict:
@@ -51,7 +54,7 @@ def write_report(path: Path) -> None:
     """Merge this process's summary into the report at `path`."""
     mine = summary()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{path}.lock"):
+    with claimed(f"{path}.lock", wait=LOCK_WAIT, stale_after=LOCK_STALE):
         try:
             report = json.loads(path.read_text())
             processes = report["processes"] if isinstance(report, dict) else {}

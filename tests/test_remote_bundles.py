@@ -391,7 +391,7 @@ def test_an_interrupted_download_is_never_used(http_store, signed, trusted):
     with pytest.raises(OSError, match=re.escape(url)) as raised:
         remote.fetch(url)
     assert "no verified copy" in str(raised.value)
-    assert http_store.gets[f"/release/{NAME}"] == remote.ATTEMPTS  # retried, then given up
+    assert http_store.gets[f"/release/{NAME}"] == remote.urls.ATTEMPTS  # retried, then given up
     assert _cached(trusted) == {"copies": [], "other": []}  # no part kept, the leftover gone
 
     http_store.cut = False  # a later retry succeeds

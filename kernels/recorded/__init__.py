@@ -20,12 +20,12 @@ always had.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from dataclasses import dataclass
 
+from cute_aot.artifacts.digest import KEY_ID_LENGTH, canonical_json, json_digest
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
-from cute_aot.kernels.contract import KernelFamily, Patch
+from cute_aot.kernels.contract import Adapter, KernelFamily, Patch
 from cute_aot.kernels.keys import KernelKey
 
 FAMILY = "cute_compile"
@@ -33,15 +33,13 @@ FAMILY_VERSION = 1
 RECORD_FORMAT = 1
 
 
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # made once: it is per call
 # A replay's canonical JSON (sorted keys: "hardware" is the last) ends so where its trace asked
 # the GPU nothing.
 _NO_ANSWERS = '"hardware":{}}'
 
 
-def canonical(value) -> str:
-    """The one JSON spelling of record data: sorted keys, no spaces."""
-    return _CANONICAL.encode(value)
+# The one JSON spelling of record data (sorted keys, no spaces): artifacts/digest.py's.
+canonical = canonical_json
 
 
 def asks_tvm_ffi(identity: dict) -> bool:
@@ -77,13 +75,13 @@ class RecordedCallKey(KernelKey):
             "version": self.version,
             "hardware": self.hardware,
         }
-        return hashlib.sha256(canonical(identity).encode()).hexdigest()[:20]
+        return json_digest(identity, length=KEY_ID_LENGTH)
 
     @functools.cached_property
     def call_id(self) -> str:
         """The id of the call alone: what a server derives from a live call, without tracing."""
-        identity = canonical({"family": FAMILY, "call": self.call, "version": self.version})
-        return hashlib.sha256(identity.encode()).hexdigest()[:20]
+        identity = {"family": FAMILY, "call": self.call, "version": self.version}
+        return json_digest(identity, length=KEY_ID_LENGTH)
 
     @functools.cached_property
     def call_data(self) -> dict:
@@ -131,7 +129,7 @@ class RecordedCallKey(KernelKey):
         return f"cute.compile of {self.target} ({len(self.call_data.get('args', []))} arguments)"
 
 
-class RecordedCalls(KernelFamily):
+class RecordedCalls(KernelFamily, Adapter):
     """The family of every recorded `cute.compile` call. It has no op and no default keys: its
     keys come from record files and miss logs, and it serves `cute.compile` itself."""
 

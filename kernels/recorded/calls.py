@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import inspect
 import operator
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 
 from cute_aot.artifacts import settings
-from cute_aot.artifacts.bundle import sha256_file
+from cute_aot.artifacts.digest import source_digest
 from cute_aot.artifacts.toolchain import CODEGEN_ENV
 from cute_aot.kernels.recorded import RecordedCallKey, asks_tvm_ffi, canonical
 
@@ -241,10 +241,7 @@ def _source_file(obj) -> str | None:
 def _hash_files(paths: tuple[str, ...]) -> str:
     """The sources' hash, once per process: the code a process runs is what it imported, even
     if the files change on disk meanwhile."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(sha256_file(path)[0].encode())
-    return digest.hexdigest()
+    return source_digest(((path, Path(path).read_bytes()) for path in paths), each_hashed=True)
 
 
 @functools.cache

@@ -11,6 +11,8 @@ import os
 import shutil
 import tempfile
 
+from cute_aot.artifacts.atomic import temporary_name
+
 # Each library's cache location, as the library reads it from the environment.
 CACHE_VARIABLES = (
     "FLASHINFER_WORKSPACE_BASE",  # FlashInfer: JIT modules, CuTe DSL objects, autotune results
@@ -31,7 +33,9 @@ def isolate() -> str:
     """Point every cache variable into a new folder of this process; returns the folder."""
     from cute_aot.runtime.at_exit import on_exit
 
-    folder = tempfile.mkdtemp(prefix=f"cute-aot-virtual-{os.getpid()}-")
+    # Named as every scratch folder is: a killed process's is removed by the next build.
+    folder = os.path.join(tempfile.gettempdir(), temporary_name("cute-aot-virtual", folder=True))
+    os.mkdir(folder, 0o700)
     for name in CACHE_VARIABLES:
         os.environ[name] = os.path.join(folder, name.lower())
     os.environ.update(CACHES_OFF)

@@ -1,0 +1,517 @@
+"""One home for digests and store retries, and the digests themselves unchanged.
+
+- Canonical-JSON digests (key ids, tables, build-cache, overlay and shard-plan digests) are made
+  by artifacts/digest.py only: `json_digest`/`text_digest` over `canonical_json`.
+- Source hashes (a family's modules, the packer's, foreign files, a recorded call's files) are
+  made by artifacts/digest.py's `source_digest` only.
+- Every call to an fsspec store goes through artifacts/urls.py's `store_call` or `retried`,
+  which alone decide attempts, backoff and deadlines.
+- The digests persisted in bundles, caches and records are what the commit before this one made:
+  values pinned here, computed by that commit's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cute_aot.artifacts import digest as digests
+from cute_aot.artifacts.digest import ABSENT, SPACED, json_digest, source_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("aot", "artifacts", "kernels", "runtime")
+DIGEST_HOME = ROOT / "artifacts" / "digest.py"
+STORE_HOME = ROOT / "artifacts" / "urls.py"
+PROBE = ROOT / "tests" / "data" / "digest_probe.py"
+# sha256 over JSON text left where it is:
+# - the bundle header's checksum of the manifest bytes as written to the file (read back and
+#   checked as bytes), in packer code that is itself hashed into every cache digest;
+# - the key id in kernels/keys.py, which is hashed into every family's source hash: editing it
+#   would turn every bundle built before stale. Its form is the one json_digest(KEY_ID_LENGTH)
+#   writes, which test_key_ids_are_the_digest_s_form checks.
+JSON_HASH_ALLOWED = {"artifacts/bundle.py": 1, "kernels/keys.py": 1}
+# Pure fsspec methods: no request is made.
+PURE_STORE_METHODS = frozenset({"unstrip_protocol"})
+
+
+def _modules():
+    for package in PACKAGES:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def _where(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(ROOT)}:{node.lineno}"
+
+
+def _names(node: ast.AST) -> list[str]:
+    """The identifiers of an expression: names and attribute names."""
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            found.append(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            found.append(sub.attr)
+    return found
+
+
+def _makes_json(node: ast.AST) -> bool:
+    """Whether an expression holds JSON text: json.dumps, an encoder's or a `canonical`
+    function's output, or a value named for JSON (`canonical_json()`, `to_json()`, `x_json`)."""
+    for name in _names(node):
+        lowered = name.lower()
+        if lowered == "dumps" or "canonical" in lowered or lowered.endswith("json"):
+            return True
+    return False
+
+
+def _hashes(node: ast.AST) -> bool:
+    """hashlib.sha256(...), hashlib.new(...), ... (any constructor of the module)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "hashlib"
+    )
+
+
+def _scopes(tree: ast.Module):
+    """The module and each function: names are followed within one scope."""
+    yield tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield node
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of `scope` outside the functions nested in it."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += ast.iter_child_nodes(node)
+
+
+def _assigned(scope: ast.AST) -> list[tuple[list[str], ast.AST]]:
+    pairs = []
+    for node in _own_nodes(scope):
+        if isinstance(node, ast.Assign):
+            targets = [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            pairs.append((targets, node.value))
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            target = [node.target.id] if isinstance(node.target, ast.Name) else []
+            pairs.append((target, node.value))
+    return pairs
+
+
+def _hash_objects(scope: ast.AST) -> set[str]:
+    return {name for names, value in _assigned(scope) if _hashes(value) for name in names}
+
+
+def json_digests(path: Path) -> list[str]:
+    """file:line of each sha256 (or other hashlib digest) taken over JSON text, directly or
+    through a name assigned from JSON in the same function."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for scope in _scopes(tree):
+        assigned = _assigned(scope)
+        tainted: set[str] = set()
+        while True:  # names assigned from JSON, or from names that are
+            more = {
+                name
+                for names, value in assigned
+                if _makes_json(value) or tainted & set(_names(value))
+                for name in names
+            }
+            if more <= tainted:
+                break
+            tainted |= more
+        hashers = _hash_objects(scope)
+        for node in _own_nodes(scope):
+            if not isinstance(node, ast.Call):
+                continue
+            updates = (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "update"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in hashers
+            )
+            if not (_hashes(node) or updates):
+                continue
+            arguments = [*node.args, *(k.value for k in node.keywords)]
+            if any(_makes_json(a) or tainted & set(_names(a)) for a in arguments):
+                found.append(_where(path, node))
+    return found
+
+
+def source_hashes(path: Path) -> list[str]:
+    """file:line of each digest updated in a loop with anything but one file's blocks: the
+    shape of a hash over several sources (modules, files, their own digests)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for scope in _scopes(tree):
+        hashers = _hash_objects(scope)
+        for loop in _own_nodes(scope):
+            if not isinstance(loop, (ast.For, ast.AsyncFor, ast.While, *_COMPREHENSIONS)):
+                continue
+            for node in ast.walk(loop):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "update"
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id in hashers
+                    and not all(isinstance(a, ast.Name) for a in node.args)
+                ):
+                    found.append(_where(path, node))
+    return sorted(set(found), key=lambda site: int(site.rsplit(":", 1)[1]))
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def store_calls(path: Path) -> list[str]:
+    """file:line of each request to an fsspec filesystem (a name bound from urls.filesystem()
+    or a parameter `fs`) made outside urls.store_call/urls.retried: a call that the one retry
+    policy does not cover. Calls inside a function handed to urls.retried are covered."""
+    tree = ast.parse(path.read_text(), str(path))
+    retried_steps = {
+        node.args[1].id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "retried"
+        and len(node.args) > 1
+        and isinstance(node.args[1], ast.Name)
+    }
+    filesystems = {"fs"}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and "filesystem" in _names(node.value.func)
+        ):
+            target = node.targets[0]
+            first = target.elts[0] if isinstance(target, ast.Tuple) else target
+            if isinstance(first, ast.Name):
+                filesystems.add(first.id)
+    found = []
+    for scope in _scopes(tree):
+        if getattr(scope, "name", None) in retried_steps:
+            continue
+        for node in _own_nodes(scope):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in filesystems
+                and node.func.attr not in PURE_STORE_METHODS
+            ):
+                found.append(_where(path, node))
+    return sorted(found, key=lambda site: int(site.rsplit(":", 1)[1]))
+
+
+def _marked(marker: str) -> list[int]:
+    lines = PROBE.read_text().splitlines()
+    return [number for number, line in enumerate(lines, 1) if line.endswith(f"# {marker}")]
+
+
+def _lines(sites: list[str]) -> list[int]:
+    return sorted(int(site.rsplit(":", 1)[1]) for site in sites)
+
+
+# -- the rules see what they are for -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("rule", "marker", "count"),
+    [
+        (json_digests, "json digest", 7),
+        (source_hashes, "source hash", 2),
+        (store_calls, "store call", 3),
+    ],
+)
+def test_the_rules_flag_the_old_forms_and_let_bytes_through(rule, marker, count):
+    assert _lines(rule(PROBE)) == _marked(marker)
+    assert len(_marked(marker)) == count
+
+
+# -- one home each -------------------------------------------------------------------------------
+def test_canonical_json_digests_are_made_in_one_place():
+    found = {}
+    for path in _modules():
+        if path != DIGEST_HOME:
+            for site in json_digests(path):
+                found.setdefault(site.rsplit(":", 1)[0], []).append(site)
+    extra = [
+        site for file, sites in found.items() for site in sites[JSON_HASH_ALLOWED.get(file, 0) :]
+    ]
+    assert extra == [], "digest JSON with artifacts/digest.py's json_digest: " + ", ".join(extra)
+
+
+def test_canonical_json_is_spelled_in_one_place():
+    """A second spelling of the compact form (an encoder, or json.dumps with its separators)
+    would be a second canonical JSON; the manifest's is the one exception (see digest.py)."""
+    compact = re.compile(r"""separators=\(\s*["'],["']\s*,\s*["']:["']\s*\)""")
+    found = [
+        str(path.relative_to(ROOT))
+        for path in _modules()
+        if path != DIGEST_HOME
+        and (compact.search(path.read_text()) or "JSONEncoder(" in path.read_text())
+    ]
+    assert found == ["artifacts/manifest.py", "kernels/keys.py"]
+
+
+def test_key_ids_are_the_digest_s_form():
+    from cute_aot.artifacts.digest import KEY_ID_LENGTH, text_digest
+    from cute_aot.artifacts.digest import canonical_json as one_spelling
+    from cute_aot.kernels import family
+
+    for name in ("router_gemm", "gemm_sm90"):
+        for key in list(family(name).enumerate_keys("sm_90a"))[:5]:
+            assert key.canonical_json() == one_spelling(key.fields())
+            assert key.id == text_digest(one_spelling(key.fields()), KEY_ID_LENGTH)
+
+
+def test_sources_are_hashed_in_one_place():
+    found = [site for path in _modules() if path != DIGEST_HOME for site in source_hashes(path)]
+    assert found == [], "hash sources with artifacts/digest.py's source_digest: " + ", ".join(found)
+
+
+def test_every_store_call_is_retried_by_one_policy():
+    found = [site for path in _modules() if path != STORE_HOME for site in store_calls(path)]
+    assert found == [], "call stores through urls.store_call or urls.retried: " + ", ".join(found)
+
+
+def test_retry_settings_live_with_the_retry_wrapper():
+    """Attempts, backoff and deadlines of store calls are decided in artifacts/urls.py only."""
+    spelled = re.compile(r"^\s*[A-Z_]*(ATTEMPT|BACKOFF|DEADLINE|RETRIES)[A-Z_]*\s*=", re.M)
+    found = [
+        str(path.relative_to(ROOT))
+        for path in _modules()
+        if path != STORE_HOME and spelled.search(path.read_text())
+    ]
+    assert found == []
+
+
+# -- the digests are the ones made before --------------------------------------------------------
+# Fields of the first default key of each family, and the ids the previous commit gave them.
+KEY_IDS = [
+    (
+        "router_gemm",
+        {
+            "align_bytes": 16,
+            "backend": "dot",
+            "block_size": 128,
+            "k": 4096,
+            "m": 5,
+            "num_stages": 0,
+            "out_dtype": "float32",
+            "pdl": True,
+            "split_k": 0,
+            "version": 1,
+            "w_dtype": "bfloat16",
+            "x_dtype": "bfloat16",
+        },
+        "40940c5b55885675fcf1",
+    ),
+    (
+        "router_gemm",
+        {
+            "align_bytes": 16,
+            "backend": "dot",
+            "block_size": 128,
+            "k": 4096,
+            "m": 1,
+            "num_stages": 0,
+            "out_dtype": "float32",
+            "pdl": True,
+            "split_k": 0,
+            "version": 1,
+            "w_dtype": "bfloat16",
+            "x_dtype": "bfloat16",
+        },
+        "0e059bb80832fb76a711",
+    ),
+    *(
+        (
+            family,
+            {
+                "align_bytes": 16,
+                "aligned_n": True,
+                "cluster_m": 1,
+                "cluster_n": 1,
+                "dtype": dtype,
+                "has_bias": False,
+                "out_dtype": "bfloat16",
+                "pdl": True,
+                "persistent": False,
+                "pingpong": False,
+                "promote": False,
+                "raster_m": 16,
+                "split_k": 1,
+                "stages": 4,
+                "swap_ab": False,
+                "tile_m": 128,
+                "tile_n": 256,
+                "version": 2,
+            },
+            key_id,
+        )
+        for family, dtype, key_id in [
+            ("gemm_sm90", "bfloat16", "1f7efa927e6025f07503"),
+            ("gemm_sm90_fp8", "float8_e4m3fn", "490a64f62d31ea1573ce"),
+        ]
+    ),
+]
+
+
+def _key(family: str, fields: dict):
+    from cute_aot.kernels import family as find
+
+    return find(family).Key.from_fields(fields)
+
+
+@pytest.mark.parametrize(("family", "fields", "key_id"), KEY_IDS)
+def test_key_ids_are_unchanged(family, fields, key_id):
+    key = _key(family, fields)
+    assert key.id == key_id
+    assert key.symbol == f"{family}_{key_id}"
+    assert key.canonical_json() == json.dumps(
+        {"family": family, **fields}, sort_keys=True, separators=(",", ":")
+    )
+
+
+def test_recorded_call_ids_are_unchanged():
+    from cute_aot.kernels.recorded import RecordedCallKey, canonical
+
+    call = canonical({"target": {"function": "m:f"}, "source": {"m.py": "ab"}, "args": ["é", 1.5]})
+    plain = RecordedCallKey(call=call)
+    answered = RecordedCallKey(
+        call=call, replay='{"examples":[],"hardware":{"sm_count":132,"ü":1}}'
+    )
+    assert (plain.id, plain.call_id) == ("7b030fc4c57af4ab496b", "7b030fc4c57af4ab496b")
+    assert (answered.id, answered.call_id) == ("50ed37cbfdff6b36afd3", "7b030fc4c57af4ab496b")
+
+
+def test_table_digest_is_unchanged():
+    from cute_aot.kernels.tables import Table
+
+    table = Table("f", "sm_90a", {"b": [1, 2.5], "a": "é"})
+    assert table.digest == "17652246e47bac3a"
+
+
+def test_the_two_json_forms_are_unchanged():
+    facts = {"b": [1, 2.5], "a": {"é": None}}
+    full = "cc0c527fc194154dcfca9819d207d07dfb5c351fba07c5a01cd8fafd78d564d9"
+    assert json_digest(facts, separators=SPACED) == full
+    assert json_digest(facts, separators=SPACED, length=digests.OVERLAY_LENGTH) == full[:24]
+    assert json_digest(facts, length=digests.KEY_ID_LENGTH) == "5378cdf8509c1d5d62ed"
+    with pytest.raises(KeyError):
+        digests.canonical_json(facts, separators=(",", ": "))  # no third spelling
+
+
+FIXED_TOOLCHAIN = {
+    "cutlass_dsl": {"nvidia-cutlass-dsl": "4.3"},
+    "tvm_ffi": "0.1",
+    "cuda_runtime_major": 12,
+}
+ROUTER_KEY = KEY_IDS[0][:2]
+
+
+def test_build_cache_digests_are_unchanged(tmp_path, monkeypatch):
+    from cute_aot.aot import build_cache
+
+    monkeypatch.setattr(build_cache, "source_hash", lambda family: "S" * 64)
+    monkeypatch.setattr(
+        build_cache, "worker_fingerprint", lambda: {"modules": "W", "tools": {"cuobjdump": None}}
+    )
+    monkeypatch.setattr(
+        build_cache, "family_facts", lambda f: {"version": 1, "source_hash": "S", "é": [1, 2.5]}
+    )
+    monkeypatch.setattr(build_cache, "packer_fingerprint", lambda: {"code": "P", "zstd": "1.5"})
+    cache = build_cache.BuildCache(tmp_path)
+    cache.toolchain = FIXED_TOOLCHAIN
+    key = _key(*ROUTER_KEY)
+    assert cache.object_digest(key, "sm_90a") == (
+        "c19e8ff44b36e28b23887102ef59507179e1cb64e1fa45ab584d8baddfcd6e3a"
+    )
+    rows = [{"family": "router_gemm", "sha256": "x", "size": 3}]
+    assert cache.bundle_digest("n", "sm_90a", "1.0", rows, {"t": {"d": 1}}) == (
+        "a1eb9c14f847d1fe4a06488752a7a15f4ceaf962c9c44c86e097fb83dbe39204"
+    )
+
+
+def test_overlay_folder_is_unchanged(monkeypatch):
+    from cute_aot.runtime import overlay
+
+    monkeypatch.setattr(overlay.toolchain, "fingerprint", lambda: FIXED_TOOLCHAIN)
+    monkeypatch.setattr(
+        overlay, "family_facts", lambda f: {"version": 1, "source_hash": "S", "fam": f}
+    )
+    monkeypatch.setattr(overlay, "packer_code_digest", lambda: "P" * 64)
+    monkeypatch.setattr(overlay, "signer_key_id", lambda: "K" * 32)
+    assert overlay.fingerprint("router_gemm") == "cf12046b3b5ed2ea7f462702"
+    where = overlay.overlay_path(_key(*ROUTER_KEY), "sm_90a").relative_to(overlay.overlay_root())
+    assert str(where) == "cf12046b3b5ed2ea7f462702/sm_90a/40940c5b55885675fcf1.cuteaot"
+
+
+def test_shard_plan_and_signed_record_bytes_are_unchanged():
+    from cute_aot.aot import shard
+    from cute_aot.artifacts import signing
+
+    plan = shard.plan_record({"sm_90a": [_key(*ROUTER_KEY)]})
+    assert shard.plan_sha256(plan) == (
+        "3a2cb4e77e679e180189ed6c33bc673b4312df4a7f90982e596f1e4d23d74cf3"
+    )
+    record = {"sha256": "x", "size": 3, "row": {"é": 1.0}, "signature": {"v": 1}}
+    signed = signing.cache_record_bytes("object", "d" * 64, record)
+    assert hashlib.sha256(signed).hexdigest() == (
+        "cb7f5ba92099510ba7fac447eb66dfb6593573b0ff746859df7d6a2c719f4cac"
+    )
+
+
+def test_source_digest_forms_are_unchanged(tmp_path):
+    from cute_aot.kernels.recorded import calls
+
+    named = [("a.b", b"x = 1\n"), ("a.c", ABSENT)]
+    assert source_digest(named) == (
+        "ecb021081350df6838ce304e8346e046eff6b4ffd2e489bf67eee4d764d9cac0"
+    )
+    (tmp_path / "one.py").write_bytes(b"one\n")
+    (tmp_path / "two.py").write_bytes(b"two\n")
+    paths = (str(tmp_path / "one.py"), str(tmp_path / "two.py"))
+    assert calls._hash_files(paths) == (
+        "a5329b436bdfa399cd0b2c461c23fba4bdf119d47fdf7159726bd892f184d1b4"
+    )
+
+
+# The previous commit's source hashes, written out as it wrote them: the installed files give the
+# same values through artifacts/digest.py.
+def _previous_module_hash(modules, ordered: bool) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(modules) if ordered else modules:
+        spec = importlib.util.find_spec(name)
+        source = Path(spec.origin).read_bytes() if spec and spec.origin else b"<absent>"
+        digest.update(name.encode() + b"\0" + source + b"\0")
+    return digest.hexdigest()
+
+
+def test_module_source_hashes_match_the_previous_code():
+    from cute_aot import kernels
+    from cute_aot.artifacts import fingerprints
+    from cute_aot.artifacts.manifest import FORMAT_VERSION
+
+    for name in kernels.families():
+        modules = kernels.binary_modules(name)
+        assert kernels.source_hash(name) == _previous_module_hash(modules, ordered=True), name
+    modules = _previous_module_hash(fingerprints.PACKER_MODULES, ordered=False)
+    previous = hashlib.sha256(f"format {FORMAT_VERSION}\0".encode() + modules.encode())
+    folder = Path(importlib.util.find_spec("cute_aot.aot").origin).parent
+    for name in fingerprints.PACKER_DATA:
+        previous.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    assert fingerprints.packer_code_digest() == previous.hexdigest()
