@@ -25,10 +25,14 @@ import types
 
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
-from cute_aot.kernels.recorded import FAMILY
+from cute_aot.kernels.recorded import FAMILY, RecordedCallKey, hardware
+from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
+from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.epoch import Resolutions
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
+from cute_aot.runtime.registry import REGISTRY
+from cute_aot.runtime.serving import installed
 
 __all__ = ["executed", "install_hook", "intercept", "per_target", "uninstall"]
 
@@ -130,9 +134,6 @@ def _logging_mark(name: str, method):
 
 
 def _compile(self, func, *args, **kwargs):
-    from cute_aot.kernels.recorded import hardware
-    from cute_aot.runtime.serving import installed
-
     if settings.disabled():  # cute-aot's own tools (settings.tool_process): not ours to touch
         return _original(self, func, *args, **kwargs)
     serving, recorders = installed(FAMILY), list(_recorders)
@@ -186,8 +187,6 @@ def _target_name(func) -> str:
 def _log_hardware(stack: contextlib.ExitStack, into: dict) -> None:
     """Log the compile's hardware queries into `into` where that can be set up (entered here,
     so that a failure to patch is caught); else record without them: the compile goes on."""
-    from cute_aot.kernels.recorded import hardware
-
     try:
         stack.enter_context(hardware.logged(into))
     except Exception as exc:  # e.g. a cutlass-dsl without HardwareInfo
@@ -196,8 +195,6 @@ def _log_hardware(stack: contextlib.ExitStack, into: dict) -> None:
 
 def _describe(compile_callable, func, args, kwargs):
     """(Call, None), or (None, why not) — never raises: the user's compile goes on."""
-    from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
-
     try:
         return describe_call(compile_callable, func, args, kwargs), None
     except NotRecreatable as exc:
@@ -230,7 +227,10 @@ def _served(serving, call, why):
             ("hardware", key.id), f"cute.compile of {call.target} not served: {unfit}; compiling it"
         )
         return None
-    function = serving.function(key, arch, {"target": call.target, "site": _call_site()})
+    caller = sys._getframe(1)  # the user's call site is looked for only for a miss's record
+    function = serving.function(
+        key, arch, lambda: {"target": call.target, "site": _call_site(caller)}
+    )
     if function is None:
         return None
     if call.tvm_ffi:
@@ -241,8 +241,6 @@ def _served(serving, call, why):
 
 
 def _arch(call) -> str:
-    from cute_aot.runtime.device import current_gpu_arch
-
     return (call.arch if call is not None else None) or current_gpu_arch() or "sm_100a"
 
 
@@ -252,10 +250,6 @@ def _kernel_for_this_gpu(call, arch: str):
     was built before answers were part of the id, and then its answers are checked). Else the
     kernel of this call whose recorded answers this GPU gives, each asked of it; None of them:
     the live call's key (for the miss log) and why, naming the answers."""
-    from cute_aot.kernels.recorded import RecordedCallKey
-    from cute_aot.kernels.recorded.hardware import differences
-    from cute_aot.runtime.registry import REGISTRY
-
     own = REGISTRY.entry_key(FAMILY, call.call_id, arch)
     candidates = (
         [own]
@@ -273,7 +267,7 @@ def _kernel_for_this_gpu(call, arch: str):
             built.of_call(call.call_id, call.identity)
         if not built.hardware:
             return built, None
-        differ = differences(built.replay_data, _device_index())
+        differ = hardware.differences(built.replay_data, _device_index())
         if differ is None:
             return built, None
         why = why or f"recorded kernel {built.id}: {differ}"
@@ -335,9 +329,10 @@ def _rebound(wrapper, function):
     return made
 
 
-def _call_site() -> str:
-    """file:line of the first frame outside cutlass and cute-aot: where the user compiled."""
-    frame = sys._getframe(1)
+def _call_site(frame=None) -> str:
+    """file:line of the first frame outside cutlass and cute-aot from `frame` (the caller's by
+    default) outwards: where the user compiled."""
+    frame = frame or sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if not module.startswith(("cutlass", "cute_aot.runtime", "cute_aot.kernels.recorded")):

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cute_aot.artifacts.errors import JitUnavailableError, UnsupportedProblemError
+from cute_aot.runtime.misses import record_miss
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
+from cute_aot.runtime.registry import REGISTRY
 
 HIT = "hits"  # served from a bundle or the overlay
 MISS = "misses"  # no prebuilt kernel: compiled here (or by the served library)
@@ -89,10 +91,6 @@ def resolve(
     the torch fallback (None: there is none); `serves_library`: the family serves that library's
     function, whose own compile is the step after the bundle.
     """
-    from cute_aot.runtime import jit
-    from cute_aot.runtime.misses import record_miss
-    from cute_aot.runtime.registry import REGISTRY
-
     mode = current_mode()
     try:
         key = find_key()
@@ -106,6 +104,8 @@ def resolve(
         count(family, BYPASS)
         if serves_library is not None:
             return Resolution(None, "library")
+        from cute_aot.runtime import jit  # (it imports this module)
+
         return Resolution(jit.compiled_function(key, arch, publish=False), "jit")
 
     try:
@@ -152,6 +152,8 @@ def resolve(
 
     count(family, MISS)
     record_miss(key, arch, problem)
+    from cute_aot.runtime import jit
+
     what = "compiling it now (JIT)" if jit.jit_available() else "JIT is not installed"
     warn_once(
         ("miss", arch, key.id),

@@ -36,12 +36,16 @@ class Serving:
         bundles are loaded or cleared or the mode changes (runtime/epoch.py)."""
         return Resolutions()
 
-    def function(self, key, arch: str, problem: dict | None = None) -> Callable | None:
+    def function(
+        self, key, arch: str, problem: dict | Callable[[], dict] | None = None
+    ) -> Callable | None:
         """The bundle's function for `key` on `arch`, or None where the library should compile
         it itself (mode auto: a miss, said once and recorded; a bundle that fails; mode jit).
-        Mode aot raises KernelNotFoundError on a miss."""
+        Mode aot raises KernelNotFoundError on a miss. `problem`, or a function giving it: what
+        a miss records (a hit never asks)."""
+        details = problem if callable(problem) else (lambda: problem or {})
         resolution = policy.resolve(
-            key.FAMILY, arch, lambda: key, lambda: problem or {}, serves_library=self.family.serves
+            key.FAMILY, arch, lambda: key, details, serves_library=self.family.serves
         )
         if resolution.source == "bundle":
             self.hits += 1

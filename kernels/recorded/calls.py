@@ -321,29 +321,34 @@ class _Options:
 def _effective_options(compile_callable, options) -> _Options:
     """What the compile uses, defaults left out: once per set of option values
     (`cute.compile[...]` makes a new CompileCallable at every call site run)."""
-    last = _last_options
-    if last[0] is compile_callable and last[1] == options:  # `cute.compile` itself, mostly
-        return last[2]
+    text = options if isinstance(options, str) else None
+    seen = _by_callable.get((id(compile_callable), text))
+    if seen is not None and seen[0] is compile_callable:  # `cute.compile` itself, mostly
+        return seen[1]
     chosen = compile_callable._compile_options.options
     try:
         values = (tuple(chosen), tuple(map(_VALUE, chosen.values())))
-        return _options_of(values, options if isinstance(options, str) else None, compile_callable)
+        found = _options_of(values, text, compile_callable)
     except TypeError:  # an unhashable option value: worked out afresh
         return _Options.of(_work_out_options(compile_callable, options))
+    if len(_by_callable) >= 64:  # `cute.compile[...]` made anew at every call site run
+        _by_callable.clear()
+    _by_callable[(id(compile_callable), text)] = (compile_callable, found)  # held: ids stay
+    return found
 
 
 _VALUE = operator.attrgetter("value")
-_options_cache: dict = {}
-_last_options: tuple = (None, None, None)  # (the CompileCallable, options, what they were)
+_options_cache: dict = {}  # (option values, options string) -> _Options
+# (id of a CompileCallable, options string) -> (that CompileCallable, its _Options)
+_by_callable: dict = {}
 
 
 def _options_of(values: tuple, options: str | None, compile_callable) -> _Options:
-    global _last_options
-    key = (values, options)
-    found = _options_cache.get(key)
+    found = _options_cache.get((values, options))
     if found is None:
-        found = _options_cache[key] = _Options.of(_work_out_options(compile_callable, options))
-    _last_options = (compile_callable, options, found)
+        found = _options_cache[(values, options)] = _Options.of(
+            _work_out_options(compile_callable, options)
+        )
     return found
 
 
