@@ -104,6 +104,39 @@ def test_the_identity_json_is_written_exactly_as_canonical_json_writes_it():
     assert ids[-1] == ids[0]
 
 
+def test_a_kernel_object_holding_classes_is_described_by_their_names_and_rebuilt():
+    """Classes in a kernel object's state (FlashInfer's GDN prefill keeps its MRO in its compile
+    key) are described by importable name; the replay rebuilds an object of the same identity.
+    A class defined inside a function is not importable, and says so."""
+    import cutlass.cute as cute
+
+    from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
+    from cute_aot.kernels.recorded.replay import rebuild
+    from tests.user_kernels.compile_calls import arguments
+    from tests.user_kernels.keyed import KeyedScale
+
+    x = arguments(1000)[0]
+    call = describe_call(cute.compile, KeyedScale(128), (x, 1000), {})
+    name, described = call.identity["args"][0]
+    assert name == "self"
+    assert described["state"]["_compile_key"]["tuple"][0] == {
+        "tuple": [
+            {"class": "tests.user_kernels.keyed:KeyedScale"},
+            {"class": "builtins:object"},
+        ]
+    }
+    rebuilt = rebuild(described, None, {})
+    assert type(rebuilt) is KeyedScale and rebuilt._compile_key[0] == KeyedScale.__mro__
+    again = describe_call(cute.compile, rebuilt, (x, 1000), {})
+    assert again.identity_json == call.identity_json
+
+    class Local(KeyedScale):
+        pass
+
+    with pytest.raises(NotRecreatable, match="defined inside a function"):
+        describe_call(cute.compile, Local(128), (x, 1000), {})
+
+
 def test_served_functions_of_one_signature_share_its_wrapper_and_each_calls_its_own():
     from cute_aot.runtime.compile_hook import _callable_as_compiled
 

@@ -5,7 +5,8 @@ the cutlass names below are looked up lazily. What is described, and why:
 
 - the target: `module:qualname` of the `@cute.jit` function, resolved exactly as
   `CompileCallable._compile` does (a bound method or a kernel object puts the object first);
-  a kernel object is described by its class and its `__dict__` (the DSL bakes `self` in);
+  a kernel object is described by its class and its `__dict__` (the DSL bakes `self` in), a
+  class among its constants by its importable name;
 - the source hash of the files that define the target (a new release of the code is a new key);
 - each argument by what makes up the compiled function's type: a `from_dlpack` tensor by its
   dtype and layout type (`(?,?{div=16}):(?{i64},1)`: dynamic modes read `?`), a fake tensor by
@@ -492,6 +493,8 @@ class _Describer:
             return {"sym": self._symbol(value)}
         if isinstance(value, type) and issubclass(value, cutlass.Numeric):
             return {"dsl_type": value.__name__}
+        if isinstance(value, type) and constant:  # by name: its module holds the rest (a kernel
+            return {"class": _qualified(value)}  # object's compile key may hold its class MRO)
         if isinstance(value, (bool, int, float, str)):  # subclasses of the plain types
             name = kind.__name__
             return {"py": name, "value": value} if constant else {"py": name}

@@ -109,6 +109,8 @@ def rebuild(described: dict, example, symbols: dict):
         )
     if "enum" in described:
         return getattr(import_target(described["enum"]), described["name"])
+    if "class" in described:
+        return import_target(described["class"])
     if "object" in described:
         owner = import_target(described["object"])
         rebuilt = owner.__new__(owner)
