@@ -17,102 +17,138 @@ from collections import namedtuple
 from pathlib import Path
 
 from cute_aot.artifacts import cache_layout
+from cute_aot.artifacts.errors import CuteAotError
 
 
 # A namedtuple, not a dataclass: the startup hook imports this module in every process that sets
 # an activating variable, and dataclasses (with inspect) would cost it several ms.
-class Setting(namedtuple("Setting", "name default doc when_unset", defaults=(None,))):
+class Setting(namedtuple("Setting", "name default doc when_unset kind", defaults=(None, "text"))):
     """A CUTE_AOT_* variable: `default` is the value that applies when it is unset (None: no
-    value; the reader below works one out, as `when_unset` says in words)."""
+    value; the reader below works one out, as `when_unset` says in words); `kind` is its type,
+    read by that type's one parser (`value()`): "text" (as written), "flag" (the boolean
+    grammar), or "choice:a,b,c" (one of those words)."""
 
     __slots__ = ()
 
     def raw(self) -> str | None:
-        """The variable's value, None when it is unset or empty."""
+        """The variable's value, None when it is unset or empty: an in-process override
+        (`scope`) first, else the environment."""
+        if self.name in _overrides:
+            return _overrides[self.name] or None
         return os.environ.get(self.name) or None
+
+    def value(self):
+        """The value as its kind reads it (the default where unset); an unknown value is a
+        SettingError naming the variable and what it takes, never a silent default."""
+        return _PARSERS[self.kind.partition(":")[0]](self, (self.raw() or self.default or ""))
 
     @property
     def unset_text(self) -> str:
-        """What applies when unset, for people (`aot-cache env`, the README's table)."""
-        return self.when_unset or (self.default if self.default is not None else "none")
+        """What applies when unset, for people (`aot-cache env`; the README's table has it in
+        markdown)."""
+        unset = self.when_unset or (self.default if self.default is not None else "none")
+        return unset.replace("`", "")
+
+
+class SettingError(CuteAotError):
+    """A CUTE_AOT_* variable holds a value its kind does not take."""
 
 
 BUNDLES = Setting(
     "CUTE_AOT_BUNDLES",
     None,
-    "bundle files, folders or URLs, ':'-separated, loaded at the first op call",
+    "bundle files, folders or URLs (`s3://`, `https://`, any fsspec protocol), `:`-separated, "
+    "loaded at the first op call before installed bundle wheels",
 )
 MODE = Setting(
     "CUTE_AOT_MODE",
     "auto",
-    "auto (bundle, overlay, JIT, torch), aot (bundles only; a miss raises), jit",
+    "`auto` (bundle, overlay, JIT, torch), `aot` (bundles only; a miss raises), `jit`",
+    kind="choice:auto,aot,jit",
 )
 CACHE_DIR = Setting(
     "CUTE_AOT_CACHE_DIR",
     None,
     "per-user cache: verified libraries, JIT overlay, miss log, build cache (keep it 0700)",
-    "$XDG_CACHE_HOME/cute-aot, else ~/.cache/cute-aot",
+    "`$XDG_CACHE_HOME/cute-aot`, else `~/.cache/cute-aot`",
 )
 MISS_LOG = Setting(
     "CUTE_AOT_MISS_LOG",
     None,
-    "where servers record the kernels they had to compile: a file, or a folder or "
-    "URL prefix (s3://bucket/misses/, any fsspec protocol) with one file per process",
-    "<cache dir>/misses.jsonl",
+    "where servers record the kernels they had to compile: a file, or a folder or URL prefix "
+    "(`s3://bucket/misses/`, any fsspec protocol) with one file per process",
+    "`<cache dir>/misses.jsonl`",
 )
-HOST = Setting("CUTE_AOT_HOST", None, "name this process's miss file uses", "the host name")
+HOST = Setting(
+    "CUTE_AOT_HOST",
+    None,
+    "the name this process's miss file uses under a prefix",
+    "the host name",
+)
 TRUSTED_KEYS = Setting(
     "CUTE_AOT_TRUSTED_KEYS",
     None,
-    "ed25519 public keys (PEM files or folders, ':'-separated) bundles may be signed by",
+    "ed25519 public keys (PEM files or folders, `:`-separated) bundles may be signed by",
 )
 REQUIRE_SIGNATURE = Setting(
-    "CUTE_AOT_REQUIRE_SIGNATURE", "0", "1: load only bundles signed by a trusted key"
+    "CUTE_AOT_REQUIRE_SIGNATURE",
+    "0",
+    "`1`: load only bundles signed by a trusted key (a value that is no flag requires one too, "
+    "said once: a typo must not turn it off)",
+    kind="flag",
 )
 OVERLAY_KEY = Setting(
     "CUTE_AOT_OVERLAY_KEY",
     None,
     "private key that signs JIT results in the overlay cache",
-    "<cache dir>/keys/overlay.pem",
+    "`<cache dir>/keys/overlay.pem`",
 )
 REVERIFY = Setting(
-    "CUTE_AOT_REVERIFY", "0", "1: verify every bundle's library in full at every load (audits)"
+    "CUTE_AOT_REVERIFY",
+    "0",
+    "`1`: verify every bundle's library in full at every load (audits)",
+    kind="flag",
 )
 REMOTE_UNSIGNED = Setting(
     "CUTE_AOT_REMOTE_UNSIGNED",
     "0",
-    "1: load bundles from URLs without a trusted signature (hashes are still checked)",
+    "`1`: accept unsigned bundles from URLs (remote bundles must otherwise be signed by a "
+    "trusted key)",
+    kind="flag",
 )
 RECORD = Setting(
     "CUTE_AOT_RECORD",
     None,
-    "a file, a folder or a URL prefix (s3://bucket/records/, any fsspec protocol; a "
-    "folder or prefix gets one file per process): every distinct cute.compile call "
-    "of every process is recorded there, as data `aot-build --from-record` rebuilds",
+    "a file, a folder or a URL prefix (`s3://bucket/records/`; a folder or prefix gets one file "
+    "per process): every distinct `cute.compile` call of every process is recorded there, for "
+    "`aot-build --from-record` (activates the startup hook)",
 )
 INTERCEPT = Setting(
     "CUTE_AOT_INTERCEPT",
     "0",
-    "1: cute.compile serves recorded kernels from the bundles (by CUTE_AOT_MODE)",
+    "`1`: `cute.compile` serves recorded kernels from the bundles, by `CUTE_AOT_MODE` "
+    "(activates the startup hook)",
+    kind="flag",
 )
 REPORT = Setting(
     "CUTE_AOT_REPORT",
     None,
-    "a JSON file: at exit, each process adds its cute.compile compiles, hits and "
-    "misses per target and per family to it",
+    "a JSON file: at exit each process adds its `cute.compile` compiles, hits and misses per "
+    "target and per family (activates the startup hook)",
 )
 VIRTUAL = Setting(
     "CUTE_AOT_VIRTUAL",
     None,
-    "a GPU profile (h200, b200, ...), an architecture (sm_100a: its reference "
-    "profile) or a JSON file of overrides: the process becomes a virtual GPU of that "
-    "profile that records with none present (fake CUDA tensors, stub launches)",
+    "a GPU profile (`h200`, `b200`, ...), an architecture (`sm_100a`: its reference profile) or "
+    "a JSON file of overrides: the process becomes a virtual GPU of that profile that records "
+    "with none present (fake CUDA tensors, stub launches; activates the startup hook)",
 )
 DISABLE = Setting(
     "CUTE_AOT_DISABLE",
     "0",
-    "1: the startup hook does nothing in this process and the ones it starts "
-    "(cute-aot's own tools set it for their workers)",
+    "`1`: the startup hook does nothing in this process and the ones it starts (cute-aot's own "
+    "tools set it for their workers)",
+    kind="flag",
 )
 
 SETTINGS: tuple[Setting, ...] = (
@@ -140,13 +176,57 @@ _FALSE = ("", "0", "false", "no", "off")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*\Z")
 _URL_HOST = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*\Z")
 _PORT_REST = re.compile(r"^[0-9]+(?:/|\Z)")
+# In-process values that win over the environment (name -> value; "" or None: unset), for code
+# and tests that set a setting for this process only: a child process sees the environment.
+_overrides: dict[str, str | None] = {}
 
 
-def _flag(setting: Setting, unrecognized: bool = False) -> bool:
-    """The one boolean grammar: 1/true/yes/on, 0/false/no/off (or unset); anything else is
-    `unrecognized` (True for a setting a typo must not turn off)."""
-    value = (setting.raw() or setting.default or "").strip().lower()
-    return True if value in _TRUE else False if value in _FALSE else unrecognized
+def _as_flag(setting: Setting, text: str) -> bool:
+    """The one boolean grammar: 1/true/yes/on, 0/false/no/off (or unset)."""
+    value = text.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise SettingError(
+        f"{setting.name}={text!r} is not a flag: use 1, true, yes, on or 0, false, no, off"
+    )
+
+
+def _as_choice(setting: Setting, text: str) -> str:
+    choices = setting.kind.partition(":")[2].split(",")
+    value = text.strip().lower()
+    if value in choices:
+        return value
+    raise SettingError(f"{setting.name}={text!r}: choose one of {', '.join(choices)}")
+
+
+_PARSERS = {"text": lambda setting, text: text or None, "flag": _as_flag, "choice": _as_choice}
+
+
+@contextlib.contextmanager
+def scope(**values: str | None):
+    """Settings for this process while the block runs (`scope(CUTE_AOT_MODE="aot")`; None:
+    unset), whatever the environment says; as before afterwards. Child processes see only the
+    environment."""
+    known = {setting.name for setting in SETTINGS}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SettingError(f"no such setting: {', '.join(unknown)}")
+    saved = dict(_overrides)
+    _overrides.update(values)
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
+
+
+def markdown_table() -> str:
+    """The README's table of settings, from SETTINGS (a test keeps the README's copy equal)."""
+    lines = ["| variable | default | what it does |", "|---|---|---|"]
+    for setting in SETTINGS:
+        default = setting.when_unset or (f"`{setting.default}`" if setting.default else "(none)")
+        lines.append(f"| `{setting.name}` | {default} | {setting.doc} |")
+    return "\n".join(lines) + "\n"
 
 
 def bundle_sources() -> list[str]:
@@ -194,8 +274,15 @@ def trusted_keys_spec() -> str:
 
 
 def signature_required() -> bool:
-    """Anything but unset, '', 0, false, no or off requires one (a typo must not turn it off)."""
-    return _flag(REQUIRE_SIGNATURE, unrecognized=True)
+    """Anything but unset, '', 0, false, no or off requires one: it fails closed (a typo must
+    not turn it off), said once naming the variable."""
+    try:
+        return REQUIRE_SIGNATURE.value()
+    except SettingError as exc:
+        import warnings
+
+        warnings.warn(f"cute-aot: {exc}; requiring signatures", RuntimeWarning, stacklevel=2)
+        return True
 
 
 def overlay_key() -> Path:
@@ -203,11 +290,11 @@ def overlay_key() -> Path:
 
 
 def reverify() -> bool:
-    return _flag(REVERIFY)
+    return REVERIFY.value()
 
 
 def remote_unsigned() -> bool:
-    return _flag(REMOTE_UNSIGNED)
+    return REMOTE_UNSIGNED.value()
 
 
 def record_location() -> str | None:
@@ -226,7 +313,7 @@ def virtual_profile() -> str | None:
 
 
 def disabled() -> bool:
-    return _flag(DISABLE)
+    return DISABLE.value()
 
 
 @contextlib.contextmanager
@@ -255,7 +342,7 @@ def activating() -> list[str]:
 
 
 def intercept() -> bool:
-    return _flag(INTERCEPT)
+    return INTERCEPT.value()
 
 
 # -- variables of other programs that cute-aot reads (here too, so that no module reads the

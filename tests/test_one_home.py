@@ -255,8 +255,8 @@ def test_tuning_results_use_the_one_json_lines_reader_and_appender(tmp_path):
     glued onto it, and both were lost)."""
     from rich.console import Console
 
+    from cute_aot.aot.tools.aot_tune.cli import Tuner
     from cute_aot.kernels import family
-    from cute_aot.runtime.tuning.cli import Tuner
 
     found = family("router_gemm")
     row = {"family": found.name, "arch": "sm_90a", "problem": [1, 2, 3], "key_id": "k1", "us": 1.0}
@@ -286,5 +286,59 @@ def test_each_setting_s_default_is_a_value_its_reader_takes(monkeypatch):
         settings.DISABLE,
     )
     for flag in flags:
-        assert flag.default == "0" and settings._flag(flag) is False
+        assert flag.default == "0" and flag.value() is False
     assert settings.CACHE_DIR.default is None and settings.CACHE_DIR.unset_text.startswith("$XDG")
+
+
+def test_a_value_a_setting_s_kind_does_not_take_is_an_error_naming_it(monkeypatch):
+    from cute_aot.artifacts import settings
+
+    monkeypatch.setenv("CUTE_AOT_REVERIFY", "ture")
+    with pytest.raises(settings.SettingError, match="CUTE_AOT_REVERIFY='ture' is not a flag"):
+        settings.reverify()
+    monkeypatch.setenv("CUTE_AOT_REVERIFY", " Yes ")
+    assert settings.reverify() is True
+    # fails closed: a typo must not turn signature checks off, and it is said
+    monkeypatch.setenv("CUTE_AOT_REQUIRE_SIGNATURE", "ture")
+    with pytest.warns(RuntimeWarning, match="CUTE_AOT_REQUIRE_SIGNATURE='ture'"):
+        assert settings.signature_required() is True
+    with settings.scope(CUTE_AOT_MODE="sometimes"):
+        with pytest.raises(settings.SettingError, match="choose one of auto, aot, jit"):
+            settings.MODE.value()
+
+
+def test_scope_sets_settings_for_this_process_only(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+
+    from cute_aot.artifacts import settings
+
+    monkeypatch.setenv("CUTE_AOT_MODE", "jit")
+    with settings.scope(CUTE_AOT_MODE="aot", CUTE_AOT_REPORT=str(tmp_path / "r.json")):
+        assert settings.mode_name() == "aot"
+        assert settings.report_file() == tmp_path / "r.json"
+        with settings.scope(CUTE_AOT_MODE=None):  # unset, whatever the environment says
+            assert settings.mode_name() == "auto"
+        assert settings.mode_name() == "aot"
+        child = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from cute_aot.artifacts import settings as s; print(s.mode_name())",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert child.stdout.strip() == "jit"  # a child process sees the environment alone
+    assert settings.mode_name() == "jit" and settings.report_file() is None
+    with pytest.raises(settings.SettingError, match="no such setting: CUTE_AOT_MODES"):
+        with settings.scope(CUTE_AOT_MODES="aot"):
+            pass
+
+
+def test_the_readme_s_settings_table_is_the_settings_module_s():
+    from cute_aot.artifacts import settings
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert settings.markdown_table() in readme
