@@ -12,16 +12,13 @@ import traceback
 from pathlib import Path
 
 from cute_aot.aot.binary_info import inspect_object
-from cute_aot.artifacts.atomic import scratch_folder, temporary_name
 from cute_aot.kernels import family
 
 
 def export_object(compiled, key, out_dir: str | Path) -> dict:
     """Export a compiled kernel as `<out_dir>/<symbol>.o` (atomically); its path, sha256, size."""
     target = Path(out_dir) / f"{key.symbol}.o"
-    # A killed worker's is removed by the next build; the DSL writes an object file for any
-    # name that does not end in .ll or .bc.
-    tmp = Path(out_dir) / temporary_name(f".{target.name}")
+    tmp = Path(out_dir) / f".{key.symbol}.{os.getpid()}.tmp.o"
     try:
         if key.abi == "c":
             _export_c_abi(compiled, key.symbol, tmp)
@@ -43,14 +40,15 @@ def _export_c_abi(compiled, symbol: str, target: Path) -> None:
     linker, which must resolve the CUDA calls against libcute_dsl_runtime.so: loaded
     globally here, since a CPU-only machine has no CUDA library that would provide them."""
     import ctypes
+    import tempfile
 
     from cutlass.runtime import find_runtime_libraries
 
     for library in find_runtime_libraries(enable_tvm_ffi=False):
         ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
-    with scratch_folder(f".{symbol}.c-abi", target.parent) as folder:
-        compiled.export_to_c(str(folder), "kernel", function_prefix=symbol)
-        os.replace(folder / "kernel.o", target)
+    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
+        compiled.export_to_c(folder, "kernel", function_prefix=symbol)
+        os.replace(Path(folder) / "kernel.o", target)
 
 
 def compile_to_object(family_name: str, key_fields: dict, arch: str, out_dir: str) -> dict:
