@@ -31,7 +31,7 @@ from cute_aot.aot.build_cache import BuildCache
 from cute_aot.aot.build_signing import sign_bundles
 from cute_aot.aot.output import Output
 from cute_aot.aot.planning import PlanRequest, plan_keys
-from cute_aot.aot.report import announce_plan, finish, report_path
+from cute_aot.aot.report import ConsoleNotes, announce_plan, finish, report_path
 from cute_aot.aot.shard import Shard, load_shards
 from cute_aot.aot.wheel import write_wheels
 from cute_aot.artifacts.errors import CuteAotError
@@ -54,7 +54,7 @@ def build(
     and write their wheels."""
     bundle_signer = output.bundle_signer()  # read first: a bad key fails before compiling
     cache = output.cache()
-    plan, tables, left_out = plan_keys(console, request)
+    plan, tables, left_out = plan_keys(ConsoleNotes(console), request)
     announce_plan(console, plan, shard, cache)
     kwargs = {"bundle_version": bundle_version} if bundle_version else {}
 
@@ -77,7 +77,7 @@ def build(
     with ExitStack() as unit:  # one unit (see above); a shard's folder is swapped whole
         report = [] if shard else [report_path(output.out_dir, name)]
         outcome = build_into(output.out_dir, cache, superseded=report, claim_kept_by=unit)
-        finish(console, outcome, output, cache, shard)
+        finish(console, outcome, output, cache, shard, not_built=left_out)
         if check_reproducible:
             console.print("checking reproducibility: building again from scratch (no cache)")
             started = time.perf_counter()

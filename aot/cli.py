@@ -12,6 +12,7 @@ and model mapping comes from the installed families' contracts, never from a lis
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from cute_aot.aot import models as model_shapes
 from cute_aot.aot.build import buildable_families
 from cute_aot.aot.compile_pool import default_jobs
 from cute_aot.aot.output import Output
-from cute_aot.aot.planning import DEFAULT_ARCHS, PlanRequest
+from cute_aot.aot.planning import DEFAULT_ARCHS, PlanRequest, RequestError
 from cute_aot.aot.shard import Shard
 from cute_aot.aot.signals import Stopped, stop_on_signals
 from cute_aot.artifacts import settings, terminal
@@ -195,6 +196,13 @@ OUTPUT_OPTIONS = (
         help="Sign the bundles' manifests with this ed25519 private key (PEM).",
     ),
     click.option("--quiet", is_flag=True, help="No progress bar or summary table."),
+    click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print the build report (and the recorded calls not built) as JSON on stdout "
+        "instead of the summary table.",
+    ),
 )
 
 
@@ -212,6 +220,7 @@ def output_options(command):
         cache_trusted_keys,
         sign_key,
         quiet,
+        as_json,
         **kwargs,
     ):
         output = Output(
@@ -223,6 +232,7 @@ def output_options(command):
             sign_key=sign_key,
             cache_sign_key=cache_sign_key,
             cache_trusted_keys=cache_trusted_keys,
+            as_json=as_json,
         )
         return command(*args, output=output, **kwargs)
 
@@ -436,6 +446,8 @@ def main(
             check_reproducible=check_reproducible,
             write_wheel=write_wheel,
         )
+    except RequestError as exc:  # options that contradict each other: a usage error
+        raise click.UsageError(str(exc)) from None
     except (CuteAotError, OSError, Stopped) as exc:
         _fail(console, "aot-build", exc)
 
@@ -506,7 +518,8 @@ def wheel_command(bundles, out_dir, name, version):
 
 @main.command("models")
 @click.argument("configs", nargs=-1, type=click.Path(exists=True, path_type=Path))
-def models_command(configs):
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
+def models_command(configs, as_json):
     """List the model presets (`--model NAME`) and what local config.json files map to: per
     installed kernel family, the shapes it builds for the model and how many keys they make."""
     console = terminal.console()
@@ -515,32 +528,48 @@ def models_command(configs):
         chosen += [model_shapes.model_from_config(path) for path in configs]
         installed = list(families().values())
         archs = [arch for arch in SUPPORTED_ARCHS if any(f.supports(arch) for f in installed)]
-        table = Table(title="shapes per model and kernel family", title_justify="left")
-        for column in ("model", "family", "shapes", *archs, "source"):
-            table.add_column(column)
+        rows = []  # one per (model, family that serves it); family None: none serves it
         for model in chosen:
-            rows = [(found, model_shapes.family_shapes(model, found)) for found in installed]
-            rows = [(found, shapes) for found, shapes in rows if shapes]
-            if not rows:
-                none = "[dim]none of the installed families serves it[/dim]"
-                table.add_row(model.name, "-", none, *["-"] * len(archs), model.source)
-            for found, shapes in rows:
-                counts = [
-                    str(len(found.enumerate_keys(arch, shapes))) if found.supports(arch) else "-"
+            served = [(found, model_shapes.family_shapes(model, found)) for found in installed]
+            served = [(found, shapes) for found, shapes in served if shapes]
+            if not served:
+                rows.append({"model": model.name, "family": None, "source": model.source})
+            for found, shapes in served:
+                keys = {
+                    arch: len(found.enumerate_keys(arch, shapes)) if found.supports(arch) else None
                     for arch in archs
-                ]
-                table.add_row(
-                    model.name,
-                    found.name,
-                    f"{found.shape_syntax}: {' '.join(','.join(map(str, s)) for s in shapes)}",
-                    *counts,
-                    model.source,
+                }
+                rows.append(
+                    {
+                        "model": model.name,
+                        "family": found.name,
+                        "shape_syntax": found.shape_syntax,
+                        "shapes": [list(shape) for shape in shapes],
+                        "keys": keys,
+                        "source": model.source,
+                    }
                 )
-        console.print(table)
-        console.print(f"columns {', '.join(archs)}: keys per architecture (-: not built for it)")
     except CuteAotError as exc:
         console.print(f"[red]aot-build models:[/red] {escape(str(exc))}")
         sys.exit(1)
+    if as_json:
+        click.echo(json.dumps({"archs": archs, "models": rows}, indent=2))
+        return
+    table = Table(title="shapes per model and kernel family", title_justify="left")
+    for column in ("model", "family", "shapes", *archs, "source"):
+        table.add_column(column)
+    for row in rows:
+        if row["family"] is None:
+            none = "[dim]none of the installed families serves it[/dim]"
+            table.add_row(row["model"], "-", none, *["-"] * len(archs), row["source"])
+            continue
+        shapes = " ".join(",".join(map(str, shape)) for shape in row["shapes"])
+        counts = ["-" if n is None else str(n) for n in row["keys"].values()]
+        table.add_row(
+            row["model"], row["family"], f"{row['shape_syntax']}: {shapes}", *counts, row["source"]
+        )
+    console.print(table)
+    console.print(f"columns {', '.join(archs)}: keys per architecture (-: not built for it)")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class Output:
     sign_key: Path | None  # signs the bundles written
     cache_sign_key: Path | None  # signs the build cache records published
     cache_trusted_keys: str | None  # cache entries used only when signed by one of these
+    as_json: bool = False  # the report as JSON on stdout instead of the summary table
 
     def cache(self) -> BuildCache | None:
         """The build cache with this command's trust settings; keys are read here, before any

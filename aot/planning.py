@@ -1,21 +1,21 @@
 """What to build: {arch: keys} from `aot-build`'s parsed options (architectures, families,
 shapes, models, tables), from servers' miss logs (--from-misses) or from recorded calls
-(--from-record); what is left out, and why, is said on the console."""
+(--from-record); what is left out, and why, is said to a `Notes` (the build's console,
+report.ConsoleNotes). Pure planning: no click, no rich, so it is tested without a command line;
+options that contradict each other raise RequestError, which the command line turns into its
+usage error."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import click
-from rich.console import Console
-from rich.table import Table
+from typing import Protocol
 
 from cute_aot.aot import models as model_shapes
 from cute_aot.aot.build import BuildPlan, buildable_families, keys_by_arch
-from cute_aot.artifacts import terminal
 from cute_aot.artifacts.errors import CuteAotError, TableError
 from cute_aot.kernels import families, family
 from cute_aot.kernels.arch import normalize_arch
@@ -23,6 +23,38 @@ from cute_aot.kernels.contract import Shape
 from cute_aot.kernels.tables import read_tables
 
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
+
+# A recorded call left out of the build: (call site, target, arch, why not).
+NotBuilt = tuple[str, str, str, str | None]
+
+
+class RequestError(ValueError):
+    """Options that cannot be built together (a --shape of a family --families leaves out...):
+    the command line reports it as its usage error, exit status 2."""
+
+
+class Notes(Protocol):
+    """Where planning says what it chose and what it left out, and why."""
+
+    def note(self, text: str) -> None: ...
+
+    def warning(self, text: str) -> None: ...
+
+    def not_built(self, calls: list[NotBuilt]) -> None: ...
+
+
+class StderrNotes:
+    """Notes as plain lines on stderr; the calls not built one per line, tab-separated, whole."""
+
+    def note(self, text: str) -> None:
+        print(text, file=sys.stderr)
+
+    warning = note
+
+    def not_built(self, calls: list[NotBuilt]) -> None:
+        print(f"{len(calls)} recorded call(s) not built", file=sys.stderr)
+        for call in [("call site", "target", "arch", "why"), *calls]:
+            print("\t".join(map(str, call)), file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -49,8 +81,8 @@ class PlanRequest:
 
 
 def plan_keys(
-    console: Console, request: PlanRequest
-) -> tuple[dict[str, list], dict | None, list[tuple]]:
+    notes: Notes, request: PlanRequest
+) -> tuple[dict[str, list], dict | None, list[NotBuilt]]:
     """({arch: keys} to build, the tables they were enumerated with, the recorded calls left out)
     of `aot-build`'s options: the recorded calls, the logged misses, or else the plan of the
     architectures, families, shapes and models asked for."""
@@ -60,15 +92,15 @@ def plan_keys(
     tables: dict | None = None
     left_out: list = []
     if request.record_file:
-        plan, left_out = plan_from_record(request.record_file, request.archs, console)
+        plan, left_out = plan_from_record(request.record_file, request.archs, notes)
         plan = keys_by_arch(plan)
     elif request.misses_file:
         plan = keys_by_arch(
-            plan_from_misses(request.misses_file, request.archs, request.named_families, console)
+            plan_from_misses(request.misses_file, request.archs, request.named_families, notes)
         )
     else:
         build_plan = _plan(
-            console,
+            notes,
             request.archs,
             request.shapes,
             request.no_default_shapes,
@@ -79,16 +111,14 @@ def plan_keys(
         build_plan.all_tactics = request.all_tactics
         build_plan.tuning_caches = list(request.tuning_caches)
         if request.tables_file:
-            build_plan.tables = _read_build_tables(console, request.tables_file, build_plan)
+            build_plan.tables = _read_build_tables(notes, request.tables_file, build_plan)
         tables = build_plan.tables
         plan = keys_by_arch(build_plan)
-        _say_archs_without_keys(console, build_plan.archs, plan)
+        _say_archs_without_keys(notes, build_plan.archs, plan)
     return plan, tables, left_out
 
 
-def plan_from_misses(
-    path, archs, named_families, console: Console | None = None
-) -> dict[str, list]:
+def plan_from_misses(path, archs, named_families, notes: Notes | None = None) -> dict[str, list]:
     """{arch: keys} of a miss log (a file, a folder or a URL prefix: every server's), each key
     once per arch, optionally narrowed to some architectures and families.
 
@@ -120,15 +150,15 @@ def plan_from_misses(
             skipped[(name, f"keys of another version than v{installed[name].version}")] += 1
             continue
         plan.setdefault(arch, set()).add(key)
-    console = console or terminal.console(stderr=True)
+    notes = notes or StderrNotes()
     for (name, why), count in sorted(skipped.items()):
-        console.print(f"[yellow]skipping {count} misses of family {name!r}:[/yellow] {why}")
+        notes.warning(f"skipping {count} misses of family {name!r}: {why}")
     if not plan:
         raise CuteAotError(f"{path}: no misses to build (for the requested archs/families)")
     return {arch: sorted(keys, key=lambda key: key.symbol) for arch, keys in sorted(plan.items())}
 
 
-def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], list[tuple]]:
+def plan_from_record(source, archs, notes: Notes) -> tuple[dict[str, list], list[NotBuilt]]:
     """({arch: keys}, [(call site, target, arch, why not)]) of records (runtime/record.py: a
     file, a folder or a URL prefix), each distinct kernel once, keys in record order (keys_by_arch
     orders them): each replayable call for every architecture asked (default: the one it was
@@ -139,11 +169,11 @@ def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], 
 
     wanted = [normalize_arch(arch) for arch in archs]
     plan: dict[str, dict] = {}
-    left_out: list[tuple] = []
+    left_out: list[NotBuilt] = []
     distinct: set[str] = set()
     records = read_records(source)
     files = len({where for where, _ in records})
-    console.print(f"records: {len(records)} from {files} file(s) in {source}")
+    notes.note(f"records: {len(records)} from {files} file(s) in {source}")
     for _, record in records:
         site, target = record.get("site", "?"), record.get("target", "?")
         if not record.get("recreatable") or record.get("servable") is False:
@@ -170,36 +200,31 @@ def plan_from_record(source, archs, console: Console) -> tuple[dict[str, list], 
             else:
                 plan.setdefault(arch, {}).setdefault(key.id, key)
     if left_out:
-        table = Table(title=f"{len(left_out)} recorded call(s) not built", show_lines=False)
-        for column in ("call site", "target", "arch", "why"):
-            table.add_column(column, overflow="fold")
-        for row in left_out:
-            table.add_row(*map(str, row))
-        console.print(table)
+        notes.not_built(left_out)
     plan = {arch: keys for arch, keys in plan.items() if keys}
     if not plan:
         raise CuteAotError(f"{source}: no recorded call to build")
-    console.print(f"records: {len(distinct)} distinct kernel(s)")
+    notes.note(f"records: {len(distinct)} distinct kernel(s)")
     return {arch: list(keys.values()) for arch, keys in plan.items()}, left_out
 
 
-def _read_build_tables(console: Console, path: str, plan: BuildPlan) -> dict:
+def _read_build_tables(notes: Notes, path: str, plan: BuildPlan) -> dict:
     """(family, arch) -> Table from a tables file; a table the build has no use for is said."""
     chosen = {}
     for table in read_tables(path):
         arch = normalize_arch(table.arch)
         if table.family not in plan.families or arch not in map(normalize_arch, plan.archs):
-            console.print(f"{path}: {table.family} table for {arch} not used (not in this build)")
+            notes.note(f"{path}: {table.family} table for {arch} not used (not in this build)")
             continue
         if family(table.family).default_table(arch) is None:
             raise TableError(path, f"{table.family} reads no dispatch table")
         chosen[(table.family, arch)] = table
-        console.print(f"{table.family} on {arch}: {table.describe()}")
+        notes.note(f"{table.family} on {arch}: {table.describe()}")
     return chosen
 
 
 def _plan(
-    console: Console,
+    notes: Notes,
     archs: list[str],
     shapes: dict[str, list[Shape]],
     no_default_shapes: bool,
@@ -208,13 +233,13 @@ def _plan(
     named_families: list[str],
 ) -> BuildPlan:
     archs = list(dict.fromkeys(normalize_arch(arch) for arch in archs or DEFAULT_ARCHS))
-    selected = _select_families(console, archs, named_families, shapes)
+    selected = _select_families(notes, archs, named_families, shapes)
     chosen = [model_shapes.preset(name) for name in models]
     chosen += [model_shapes.model_from_config(path) for path in model_configs]
     extra: dict[str, list[Shape]] = {}
     for model in chosen:
         found = model_shapes.shapes_for_models([model], [family(name) for name in selected])
-        console.print(f"model {model.name}: {_describe_shapes(found)}")
+        notes.note(f"model {model.name}: {_describe_shapes(found)}")
         _add_shapes(extra, found)
     _add_shapes(extra, shapes)
     return BuildPlan(
@@ -227,14 +252,14 @@ def _plan(
 
 
 def _select_families(
-    console: Console, archs: list[str], named: list[str], shapes: dict[str, list[Shape]]
+    notes: Notes, archs: list[str], named: list[str], shapes: dict[str, list[Shape]]
 ) -> list[str]:
     """The families to build: the named ones (default: every installed one), each for the
     requested architectures it supports. A family asked for by name (--families, or a --shape
     of its own) that supports none of them is an error; any other is skipped, and said so."""
     outside = [name for name in shapes if named and name not in named]
     if outside:
-        raise click.UsageError(
+        raise RequestError(
             f"--shape for {', '.join(outside)}, which --families leaves out "
             f"(--families {','.join(named)})"
         )
@@ -242,11 +267,11 @@ def _select_families(
     for name in explicit:
         why = family(name).missing_requirements()
         if why:
-            raise click.UsageError(why)
+            raise RequestError(why)
     if not named:
         for name, found in families().items():
             if found.missing_requirements():
-                console.print(f"family {name}: skipped ({found.missing_requirements()})")
+                notes.note(f"family {name}: skipped ({found.missing_requirements()})")
     named = named or buildable_families()
     skips = BuildPlan(archs, named).skipped_archs()
     selected = []
@@ -255,19 +280,17 @@ def _select_families(
         if len(skipped) < len(archs):
             selected.append(name)
             if skipped:
-                console.print(
+                notes.note(
                     f"family {name}: skipping {', '.join(skipped)} "
                     f"(built for {', '.join(supports)} only)"
                 )
         elif name in explicit:
-            raise click.UsageError(
+            raise RequestError(
                 f"family {name} is built for {', '.join(supports)}, none of the requested "
                 f"architectures ({', '.join(archs)})"
             )
         else:
-            console.print(
-                f"family {name}: skipped (built for {', '.join(supports)}, none requested)"
-            )
+            notes.note(f"family {name}: skipped (built for {', '.join(supports)}, none requested)")
     if not selected:
         raise CuteAotError(f"nothing to build: no kernel family supports {', '.join(archs)}")
     return selected
@@ -287,11 +310,11 @@ def _describe_shapes(shapes: dict[str, list[Shape]]) -> str:
     )
 
 
-def _say_archs_without_keys(console: Console, archs: list[str], plan: dict[str, list]) -> None:
+def _say_archs_without_keys(notes: Notes, archs: list[str], plan: dict[str, list]) -> None:
     """An architecture can end up with no keys (its families were skipped, or none has shapes
     for it): it gets no bundle, and the operator is told rather than left to wonder."""
     for arch in archs:
         if arch not in plan:
-            console.print(f"{arch}: no keys for this architecture, no bundle")
+            notes.note(f"{arch}: no keys for this architecture, no bundle")
     if not plan:
         raise CuteAotError("nothing to build: the plan has no keys (shapes, families, archs?)")

@@ -3,8 +3,11 @@ bundles and as rich tables on the terminal. Bundles are described as this build 
 size, sha256), never by re-reading their files: while the build's claim keeps other aot-builds
 out (build_command.py), another writer may still have replaced one since.
 
-Also what a command that writes bundles says around it: the plan it is about to build, and when
-done (`finish`) the report, the summary, the build cache's use, and the keys that failed."""
+Also what a command that writes bundles says around it: what planning noted (ConsoleNotes, the
+recorded calls it could not build among them), the plan it is about to build, and when done
+(`finish`) the report, the summary, the build cache's use, and the keys that failed; with
+--json, the report and the calls not built as one JSON document on stdout. The console is
+artifacts/terminal.py's: in a pipe or a CI log its tables keep every path and reason whole."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from cute_aot.artifacts.atomic import atomic_write
 
 if TYPE_CHECKING:
     from cute_aot.aot.output import Output
+    from cute_aot.aot.planning import NotBuilt
     from cute_aot.aot.shard import Shard
 
 REPORT_FORMAT = 1
@@ -70,6 +74,36 @@ def _bundle_record(bundle: WrittenBundle) -> dict:
     }
 
 
+class ConsoleNotes:
+    """Planning's notes (planning.Notes) on the build's console."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def note(self, text: str) -> None:
+        self.console.print(escape(text))
+
+    def warning(self, text: str) -> None:
+        self.console.print(f"[yellow]{escape(text)}[/yellow]")
+
+    def not_built(self, calls: list[NotBuilt]) -> None:
+        self.console.print(not_built_table(calls))
+
+
+def not_built_table(calls: list[NotBuilt]) -> Table:
+    table = Table(title=f"{len(calls)} recorded call(s) not built", show_lines=False)
+    for column in ("call site", "target", "arch", "why"):
+        # fold, never an ellipsis: on a terminal a long site wraps inside its cell, whole
+        table.add_column(column, overflow="fold")
+    for row in calls:
+        table.add_row(*map(str, row))
+    return table
+
+
+def not_built_json(calls: list[NotBuilt]) -> list[dict]:
+    return [dict(zip(("site", "target", "arch", "why"), call, strict=True)) for call in calls]
+
+
 def write_report(
     path: Path,
     outcome: BuildOutcome,
@@ -77,8 +111,12 @@ def write_report(
     shard: str | None = None,
     cache: BuildCache | None = None,
 ) -> Path:
+    return atomic_write(path, json.dumps(report_document(outcome, shard, cache), indent=1).encode())
+
+
+def report_document(outcome: BuildOutcome, shard: str | None, cache: BuildCache | None) -> dict:
     statuses = [key_status(row) for row in outcome.rows]
-    document = {
+    return {
         "report_format": REPORT_FORMAT,
         "name": outcome.name,
         "shard": shard,
@@ -100,7 +138,6 @@ def write_report(
         "incomplete": outcome.incomplete,
         "keys": [_key_record(row) for row in outcome.rows],
     }
-    return atomic_write(path, json.dumps(document, indent=1).encode())
 
 
 def print_summary(console: Console, outcome: BuildOutcome) -> None:
@@ -157,15 +194,28 @@ def describe_cache_use(cache: BuildCache) -> str:
     return f"{line}, [yellow]{refused}[/yellow]" if cache.untrusted else f"{line}, {refused}"
 
 
-def finish(console: Console, outcome: BuildOutcome, output: Output, cache, shard=None):
+def finish(
+    console: Console,
+    outcome: BuildOutcome,
+    output: Output,
+    cache,
+    shard=None,
+    not_built: list[NotBuilt] = (),
+):
     """Report, summarise, and fail the command if keys failed (unless allowed)."""
+    shard_text = str(shard) if shard else None
     report = write_report(
         report_path(output.out_dir, outcome.name, outcome.shard_folder),
         outcome,
-        shard=str(shard) if shard else None,
+        shard=shard_text,
         cache=cache,
     )
-    if not output.quiet:
+    if output.as_json:  # on stdout, whole; what people read stays on the console (stderr)
+        document = report_document(outcome, shard_text, cache)
+        document.update(report=str(report), not_built=not_built_json(list(not_built)))
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
+        sys.stdout.flush()
+    elif not output.quiet:
         print_summary(console, outcome)
     if cache:
         console.print(describe_cache_use(cache))

@@ -1,7 +1,7 @@
 """JSON-lines files: the one reader and the one appender, with one policy for damaged lines.
 
 Every JSON-lines file cute-aot keeps goes through here: miss logs (runtime/misses.py), records
-of `cute.compile` calls (runtime/record.py), aot-tune's results (runtime/tuning/cli.py), and the
+of `cute.compile` calls (runtime/record.py), aot-tune's results (aot/tools/aot_tune/cli.py), and the
 one-file-per-process copies of the first two (runtime/process_files.py writes those whole).
 
 The policy, for every such file:

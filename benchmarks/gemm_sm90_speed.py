@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from cute_aot.runtime.tuning.timing import (
+from cute_aot.aot.tools.aot_tune.timing import (
     operand_copies,
     seconds_per_call,
     seconds_per_call_each,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from cute_aot.runtime.tuning.timing import seconds_per_call
+from cute_aot.aot.tools.aot_tune.timing import seconds_per_call
 
 ROUNDS = 3
 
@@ -32,10 +32,10 @@ def _geomean(values):
 def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
     import torch
 
+    from cute_aot.aot.tools.aot_tune.cli import operand_sets
     from cute_aot.kernels import family
     from cute_aot.kernels.tables import read_tables
     from cute_aot.runtime import REGISTRY, load_bundles
-    from cute_aot.runtime.tuning.cli import operand_sets
 
     load_bundles(bundles)
     report = {"gpu": torch.cuda.get_device_name(), "rounds": ROUNDS, "families": {}}

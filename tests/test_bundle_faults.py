@@ -23,11 +23,11 @@ import pytest
 import zstandard
 from click.testing import CliRunner
 
+from cute_aot.aot.tools.aot_cache.cli import main
 from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import BundleIntegrityError
 from cute_aot.runtime import REGISTRY, load_bundles
-from cute_aot.runtime.aot_cache.cli import main
 from cute_aot.runtime.paths import expand_bundle_paths
 
 ARCH = "sm_90a"
@@ -64,7 +64,7 @@ def run_python(code: str, env: dict[str, str], *args) -> subprocess.CompletedPro
 
 def aot_cache(env: dict[str, str], *args) -> subprocess.CompletedProcess:
     """The `aot-cache` command line, in a process of its own."""
-    module = "cute_aot.runtime.aot_cache.cli"
+    module = "cute_aot.aot.tools.aot_cache.cli"
     return run_process([sys.executable, "-m", module, *map(str, args)], env)
 
 

@@ -27,11 +27,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cute_aot.aot import build, wheel
 from cute_aot.aot.cli import main as aot_build
+from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts import PACKAGE_VERSION, signing
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.elf import DynamicInfo, read_dynamic
 from cute_aot.runtime import installed_bundles, sources
-from cute_aot.runtime.aot_cache.cli import main as aot_cache
 from cute_aot.runtime.notices import forget
 from tests.conftest import ARCHS
 from tests.stubs import stub_compile
@@ -267,7 +267,7 @@ def test_pip_installed_wheels_are_found_with_nothing_configured(stub_bundles, wh
         assert Path(bundle["path"]).parent == venv_site / f"cute_aot_bundle_e2e_{compact(arch)}"
         assert bundle["function"]
 
-    cache_ls = [python, "-m", "cute_aot.runtime.aot_cache.cli", "ls"]
+    cache_ls = [python, "-m", "cute_aot.aot.tools.aot_cache.cli", "ls"]
     listing = subprocess.run([*cache_ls, "--json"], env=env, capture_output=True, text=True)
     assert listing.returncode == 0, listing.stderr
     rows = {row["arch"]: row for row in json.loads(listing.stdout)["bundles"]}

@@ -18,6 +18,8 @@ from click.testing import CliRunner
 
 from cute_aot.aot import binary_info
 from cute_aot.aot.planning import plan_from_misses
+from cute_aot.aot.tools.aot_cache.cli import main, parse_age, parse_size
+from cute_aot.aot.tools.aot_cache.facts import gc as overlay_gc
 from cute_aot.artifacts import fatbin as fatbin_format
 from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
 from cute_aot.artifacts.elf import read_dynamic, read_sections
@@ -28,8 +30,6 @@ from cute_aot.kernels.contract import parse_ints
 from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.router_gemm import RouterProblem, dispatch
 from cute_aot.runtime import overlay
-from cute_aot.runtime.aot_cache import gc as overlay_gc
-from cute_aot.runtime.aot_cache.cli import main, parse_age, parse_size
 from cute_aot.runtime.misses import forget_recorded, record_miss
 from tests.stubs import register_family
 
@@ -129,7 +129,7 @@ def test_ls_in_a_pipe_keeps_every_path_whole(bundles, tmp_path):
     shutil.copy(by_arch["sm_90a"], target)
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     piped = subprocess.run(
-        [sys.executable, "-m", "cute_aot.runtime.aot_cache.cli", "ls", str(target)],
+        [sys.executable, "-m", "cute_aot.aot.tools.aot_cache.cli", "ls", str(target)],
         capture_output=True,
         text=True,
         env=env,
@@ -460,7 +460,7 @@ def test_explain_neither_imports_cutlass_nor_loads_a_library(bundles, tmp_path):
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from cute_aot.runtime.aot_cache.cli import main\n"
+        "from cute_aot.aot.tools.aot_cache.cli import main\n"
         f"main(['explain', 'router_gemm', '--shape', '12,256,7168', '--bundle', {str(folder)!r}],"
         " standalone_mode=False)\n"
         "maps = open('/proc/self/maps').read()\n"

@@ -337,7 +337,7 @@ def test_a_built_bundle_serves_flashinfer_in_a_fresh_process_without_jit(tmp_pat
 
 
 def test_explain_says_flashinfer_compiles_what_no_bundle_holds():
-    from cute_aot.runtime.aot_cache.explain import explain
+    from cute_aot.aot.tools.aot_cache.facts.explain import explain
     from cute_aot.runtime.mode import Mode
 
     problem = GdnProblem(2, 1, 2, 4, 128, 128)

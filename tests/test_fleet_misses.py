@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from cute_aot.aot.planning import plan_from_misses
+from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts.miss_log import read_misses
 from cute_aot.kernels import family
 from cute_aot.runtime import misses, process_files
-from cute_aot.runtime.aot_cache.cli import main as aot_cache
 
 from .conftest import PROBLEMS
 

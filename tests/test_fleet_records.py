@@ -4,6 +4,7 @@ GPUs that answered its hardware queries differently built once per answer. Real 
 S3 server on loopback (tests/test_fleet_misses.py's fixtures), real processes and signals.
 """
 
+import io
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from cute_aot.aot.report import ConsoleNotes
 from tests import test_fleet_misses as _fleet_misses
 from tests.test_fleet_misses import BUCKET
 
@@ -51,7 +53,7 @@ def _record(block: int, device: dict | None = None, site: str = "server.py:1") -
 def _plan(source):
     from cute_aot.aot.planning import plan_from_record
 
-    return plan_from_record(source, (), Console(file=open(os.devnull, "w"), width=200))
+    return plan_from_record(source, (), ConsoleNotes(Console(file=io.StringIO(), width=200)))
 
 
 def test_a_call_recorded_on_gpus_that_answer_differently_is_one_kernel_per_answer(tmp_path):

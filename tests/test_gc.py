@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cute_aot.aot.tools.aot_cache.cli import main
+from cute_aot.aot.tools.aot_cache.facts import gc
 from cute_aot.runtime import remote
-from cute_aot.runtime.aot_cache import gc
-from cute_aot.runtime.aot_cache.cli import main
 
 DAY = 86400.0
 HOUR = 3600.0

@@ -1,14 +1,16 @@
 """The layout the design asks for: packages depend one way, and the server's runtime stays small.
 
-    artifacts  <-  kernels  <-  aot
-        ^             ^
-        '---------- runtime (server) <- runtime.aot_cache (operator tooling)
+    artifacts  <-  kernels  <-  aot (the build)  <-  aot.tools (aot-cache, aot-tune)
+        ^             ^                                  |
+        '---------- runtime (server)  <------------------'
 
 artifacts (the bundle, ELF and fatbin formats) imports none of the others; kernels imports
-neither the build nor the runtime; the build (aot) never imports the runtime; the server's
-runtime modules import the build only lazily (runtime/jit.py compiles on a miss) and never the
-operator tooling. Read from the import statements themselves (ast), and checked again by importing
-each package's modules in a fresh interpreter, where a cycle shows as an ImportError.
+neither the build nor the runtime; the build (aot/, its tools aside) imports neither the runtime
+nor the tools; the server's runtime imports no tool, and the build only lazily (runtime/jit.py
+compiles on a miss); the tools sit on top and may import all of it. No cycle between these
+layers, nor between packages (folders) at module level. Read from the import statements
+themselves (ast), and checked again by importing each layer's modules in a fresh interpreter,
+where a cycle shows as an ImportError.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ast
 import json
 import subprocess
 import sys
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +27,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifacts", "kernels", "aot", "runtime")  # folder == cute_aot subpackage name
-TOOLING = "cute_aot.runtime.aot_cache"
-TUNING = "cute_aot.runtime.tuning"  # aot-tune: operator tooling too, run on GPU machines
+TOOLS = "cute_aot.aot.tools"  # the operator's tools: above the build and the server
+TOOLING = f"{TOOLS}.aot_cache"
+TUNING = f"{TOOLS}.aot_tune"  # aot-tune: run on GPU machines, a tool all the same
 # The one runtime module that may reach the build, lazily: it compiles and publishes on a miss.
 JIT_MODULE = "cute_aot.runtime.jit"
 
@@ -111,15 +115,38 @@ def offending(importers, targets: tuple[str, ...], module_level_only: bool = Fal
     ]
 
 
+def layer(module: str) -> str:
+    """The layer a module belongs to: the tools sit inside aot/'s folder, above the build."""
+    if within(module, TOOLS):
+        return "tools"
+    return module.split(".")[1]
+
+
+def _build_module(module: str) -> bool:
+    return within(module, "cute_aot.aot") and not within(module, TOOLS)
+
+
+def _server_module(module: str) -> bool:
+    return within(module, "cute_aot.runtime")
+
+
 def test_the_collector_sees_every_package_and_resolves_imports():
     # guards the checks below against passing vacuously
     assert {name.split(".")[1] for name in MODULES} == set(PACKAGES)
-    assert f"{TOOLING}.cli" in MODULES and JIT_MODULE in MODULES
+    assert f"{TOOLING}.cli" in MODULES and f"{TUNING}.cli" in MODULES and JIT_MODULE in MODULES
+    assert {layer(name) for name in MODULES} == {*PACKAGES, "tools"}
     loader_imports = {i.target for i in imports_of("cute_aot.runtime.loader")}
     assert "cute_aot.runtime.library_store" in loader_imports
     assert "cute_aot.artifacts.verify" in loader_imports
     jit_imports = imports_of(JIT_MODULE)
     assert any(within(i.target, "cute_aot.aot") and not i.module_level for i in jit_imports)
+    # the tools reach both the build and the runtime: what the layering allows them
+    tool_targets = {
+        layer(i.target)
+        for i in ALL_IMPORTS
+        if layer(i.importer) == "tools" and within(i.target, "cute_aot")
+    }
+    assert {"aot", "runtime"} <= tool_targets
 
 
 def test_artifacts_import_none_of_the_other_packages():
@@ -135,31 +162,90 @@ def test_kernels_import_neither_the_build_nor_the_runtime():
     assert not bad, "kernel families depend only on artifacts:\n" + "\n".join(bad)
 
 
-def test_the_build_never_imports_the_runtime():
-    bad = offending(lambda m: within(m, "cute_aot.aot"), ("cute_aot.runtime",))
-    assert not bad, "aot/ must not import runtime/ (runtime/jit.py imports aot/):\n" + "\n".join(
-        bad
-    )
-
-
-def _server_module(module: str) -> bool:
-    return within(module, "cute_aot.runtime") and not (
-        within(module, TOOLING) or within(module, TUNING)
+def test_the_build_imports_neither_the_runtime_nor_the_tools():
+    bad = offending(_build_module, ("cute_aot.runtime", TOOLS))
+    assert not bad, (
+        "aot/ must not import runtime/ or its tools (runtime/jit.py imports aot/):\n"
+        + ("\n".join(bad))
     )
 
 
 def test_the_server_runtime_does_not_import_the_build_at_module_level():
     # runtime/jit.py is exempt: it exports and packs what it compiled (and imports that lazily,
     # which the fresh-interpreter test below checks: importing the runtime loads no aot module).
-    bad = offending(
-        lambda m: _server_module(m) and m != JIT_MODULE, ("cute_aot.aot",), module_level_only=True
-    )
+    bad = offending(_server_module, ("cute_aot.aot",), module_level_only=True)
     assert not bad, "a server must not pay for the build:\n" + "\n".join(bad)
+    lazy = offending(lambda m: _server_module(m) and m != JIT_MODULE, ("cute_aot.aot",))
+    assert not lazy, "only runtime/jit.py reaches the build, on a miss:\n" + "\n".join(lazy)
 
 
-def test_the_server_runtime_never_imports_the_operator_tooling():
-    bad = offending(_server_module, (TOOLING, TUNING))
-    assert not bad, "aot-cache lives apart from what a server imports:\n" + "\n".join(bad)
+def test_the_server_runtime_never_imports_the_tools():
+    bad = offending(_server_module, (TOOLS,))
+    assert not bad, "aot-cache and aot-tune live apart from what a server imports:\n" + (
+        "\n".join(bad)
+    )
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one node (Tarjan): a cycle's members."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _owner(target: str) -> str | None:
+    """The module an import target names (`a.b.Name` -> `a.b`), None outside cute_aot."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _folder(module: str) -> str:
+    path = MODULES[module]
+    return ".".join(("cute_aot", *path.parent.relative_to(ROOT).parts))
+
+
+def test_no_cycle_between_layers_nor_between_packages():
+    # Layers: every import counts, deferred ones too (a lazy import is a dependency all the same).
+    layers: dict[str, set[str]] = defaultdict(set)
+    # Packages (folders): what runs on import, where a cycle breaks a fresh interpreter.
+    folders: dict[str, set[str]] = defaultdict(set)
+    for found in ALL_IMPORTS:
+        target = _owner(found.target)
+        if target is None:
+            continue
+        if layer(found.importer) != layer(target):
+            layers[layer(found.importer)].add(layer(target))
+        if found.module_level and _folder(found.importer) != _folder(target):
+            folders[_folder(found.importer)].add(_folder(target))
+    assert layers["tools"] >= {"aot", "runtime"}  # the graph is read, not empty
+    assert not _cycles(layers), f"layers import each other: {_cycles(layers)}"
+    assert not _cycles(folders), f"packages import each other: {_cycles(folders)}"
 
 
 def test_no_family_is_named_in_the_runtime_or_the_build():
@@ -193,19 +279,19 @@ GROUPS = {
         lambda m: within(m, "cute_aot.kernels"),
         ("cute_aot.artifacts", "cute_aot.kernels"),
     ),
-    "aot": (
-        lambda m: within(m, "cute_aot.aot"),
+    "aot (the build)": (
+        _build_module,
         ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot"),
     ),
     "runtime (server)": (
         _server_module,
         ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.runtime"),
     ),
-    "runtime.aot_cache": (
+    "aot.tools.aot_cache": (
         lambda m: within(m, TOOLING),
         ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot", "cute_aot.runtime"),
     ),
-    "runtime.tuning": (
+    "aot.tools.aot_tune": (
         lambda m: within(m, TUNING),
         ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot", "cute_aot.runtime"),
     ),
@@ -230,6 +316,6 @@ def test_each_package_imports_cleanly_in_a_fresh_interpreter(group):
         name
         for name in loaded
         if not any(within(name, package) for package in allowed)
-        or (group == "runtime (server)" and (within(name, TOOLING) or within(name, TUNING)))
+        or (group == "aot (the build)" and within(name, TOOLS))
     ]
     assert not pulled_in, f"importing {group} loaded {pulled_in}"

@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts import settings, signing
 from cute_aot.artifacts.atomic import owner_tag
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
 from cute_aot.artifacts.errors import BundleIntegrityError, SignatureError
 from cute_aot.runtime import REGISTRY, load_bundles, remote, set_mode
-from cute_aot.runtime.aot_cache.cli import main as aot_cache
 from tests import test_integrity
 
 keys = test_integrity.keys  # the integrity tests' release and stranger keys (a fixture)

@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from cute_aot.aot.cli import main as aot_build
+from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts.errors import CuteAotError, UnsupportedProblemError
 from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.contract import parse_ints
 from cute_aot.kernels.tables import packaged_tables
-from cute_aot.runtime.aot_cache.cli import main as aot_cache
 from tests.test_cli import planned
 
 GEMMS = [
@@ -189,7 +189,7 @@ def test_explain_refuses_the_older_router_order_with_the_fix():
 
 @pytest.mark.parametrize("name", ["router_gemm", "gemm_sm90"])
 def test_aot_tune_reads_every_spelling_as_n_k(monkeypatch, tmp_path, name):
-    import cute_aot.runtime.tuning.cli as aot_tune
+    import cute_aot.aot.tools.aot_tune.cli as aot_tune
 
     tuned = []
 
@@ -207,7 +207,7 @@ def test_aot_tune_reads_every_spelling_as_n_k(monkeypatch, tmp_path, name):
 
 
 def test_aot_tune_refuses_the_older_router_order_before_looking_for_a_gpu(tmp_path):
-    from cute_aot.runtime.tuning.cli import main as aot_tune
+    from cute_aot.aot.tools.aot_tune.cli import main as aot_tune
 
     args = ["--family", "router_gemm", "--shape", f"{K},{N}", "--out", str(tmp_path / "t.json")]
     result = CliRunner().invoke(aot_tune, args)

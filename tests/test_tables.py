@@ -13,6 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from cute_aot.aot.build import BuildPlan, run_build
+from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import TableError
@@ -22,7 +23,6 @@ from cute_aot.kernels.gemm_sm90 import GemmProblem, handwritten_table, stages_fo
 from cute_aot.kernels.router_gemm import RouterProblem
 from cute_aot.kernels.tables import Table, read_tables, write_tables
 from cute_aot.runtime import REGISTRY, ops
-from cute_aot.runtime.aot_cache.cli import main as aot_cache
 from cute_aot.runtime.loader import LoadedBundle
 from tests.fake_gpu import on_gpu
 from tests.stubs import stub_compile
@@ -217,7 +217,7 @@ def test_show_tables_diff_and_explain_name_the_table(tmp_path):
 
 # -- aot-tune on a machine without a GPU ---------------------------------------------------------
 def test_aot_tune_needs_the_gpu_it_tunes_for(tmp_path):
-    from cute_aot.runtime.tuning.cli import main as aot_tune
+    from cute_aot.aot.tools.aot_tune.cli import main as aot_tune
 
     result = CliRunner().invoke(aot_tune, ["--family", "router_gemm", "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "no supported GPU here" in result.output
@@ -227,7 +227,7 @@ def test_aot_tune_needs_the_gpu_it_tunes_for(tmp_path):
 def test_aot_tune_resumes_from_its_results_file(tmp_path):
     from rich.console import Console
 
-    from cute_aot.runtime.tuning.cli import Tuner
+    from cute_aot.aot.tools.aot_tune.cli import Tuner
 
     results = tmp_path / "t.results.jsonl"
     row = {
@@ -247,7 +247,7 @@ def test_aot_tune_resumes_from_its_results_file(tmp_path):
 def test_aot_tune_re_times_only_the_close_finishers_together():
     """Candidates are timed one after another, and on a GPU at its power limit a later one runs
     at lower clocks: the fastest few within FINALIST_MARGIN are timed again, interleaved."""
-    from cute_aot.runtime.tuning.cli import FINALIST_MARGIN, MAX_FINALISTS, finalists
+    from cute_aot.aot.tools.aot_tune.cli import FINALIST_MARGIN, MAX_FINALISTS, finalists
 
     assert finalists({}) == [] and finalists({"only": 5.0}) == []
     times = {"a": 10.0, "b": 9.0, "c": 9.0 * FINALIST_MARGIN, "d": 9.0 * FINALIST_MARGIN + 0.01}
@@ -372,7 +372,7 @@ def test_retuning_some_m_keeps_the_other_rows_of_the_base_table():
 def test_tune_where_filters_candidates_by_key_fields():
     import click
 
-    from cute_aot.runtime.tuning.cli import matches, parse_where
+    from cute_aot.aot.tools.aot_tune.cli import matches, parse_where
 
     keys = GEMM.tune_candidates(GemmProblem(512, 4096, 4096), ARCH)
     where = parse_where(["persistent=1", "tile_m=128"], GEMM.Key)
@@ -392,7 +392,7 @@ def test_tune_where_filters_candidates_by_key_fields():
 
 
 def test_aot_tune_refuses_an_unknown_where_field_before_looking_for_a_gpu(tmp_path):
-    from cute_aot.runtime.tuning.cli import main as aot_tune
+    from cute_aot.aot.tools.aot_tune.cli import main as aot_tune
 
     args = ["--family", "gemm_sm90", "--where", "tiles=2", "--out", str(tmp_path / "t.json")]
     result = CliRunner().invoke(aot_tune, args)

@@ -15,6 +15,13 @@ STATUS_STYLES = {"ok": "green", "fail": "bold red", "skip": "dim", "warn": "yell
 SOURCE_STYLES = {"bundle": "green", "overlay": "cyan", "jit": "yellow", "error": "bold red"}
 
 
+class Failure(click.ClickException):
+    """A command's failure: one line on stderr, `aot-cache: <why>`, exit status 1."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"aot-cache: {self.message}", err=True)
+
+
 def make_console() -> Console:
     # No markup: paths, keys and SASS hold [brackets] that must print as they are.
     return terminal.console(markup=False)

@@ -13,6 +13,7 @@ import functools
 import warnings
 from pathlib import Path
 
+from cute_aot.aot.tools.aot_cache.facts.inventory import BundleSource, key_text
 from cute_aot.artifacts.errors import CuteAotError, TableError
 from cute_aot.artifacts.manifest import Entry
 from cute_aot.kernels import Adapter, KernelFamily, capability
@@ -20,7 +21,6 @@ from cute_aot.kernels.contract import Problem, dispatch_with
 from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.tables import Table
 from cute_aot.runtime import loader, misses, overlay
-from cute_aot.runtime.aot_cache.inventory import BundleSource, key_text
 from cute_aot.runtime.jit import jit_available
 from cute_aot.runtime.mode import Mode
 from cute_aot.runtime.registry import stale_reasons

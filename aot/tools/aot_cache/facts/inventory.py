@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cute_aot.aot import binary_info
+from cute_aot.aot.tools.aot_cache.facts import check, gc
 from cute_aot.artifacts import PACKAGE_VERSION, cache_layout, settings, toolchain
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
 from cute_aot.artifacts.errors import (
@@ -26,7 +27,6 @@ from cute_aot.artifacts.urls import is_url
 from cute_aot.kernels import families
 from cute_aot.runtime import misses as miss_log
 from cute_aot.runtime import overlay, paths, sources
-from cute_aot.runtime.aot_cache import check, gc
 from cute_aot.runtime.installed_bundles import installed_bundles
 from cute_aot.runtime.jit import jit_available
 from cute_aot.runtime.mode import current_mode

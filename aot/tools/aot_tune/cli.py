@@ -9,8 +9,8 @@ for keys no bundle holds, from JIT (cutlass-dsl installed). Each candidate is ch
 the family's torch reference before it may win. Measurements go to a results file (JSON lines)
 as they are made, so an interrupted run resumes where it stopped.
 
-The timing (runtime/tuning/timing.py) replays CUDA graphs of many calls, operands cycled out of
-L2. Kernels that use PDL keep it on: consecutive calls in the graph overlap as they do in a
+The timing (aot/tools/aot_tune/timing.py) replays CUDA graphs of many calls, operands cycled
+out of L2. Kernels that use PDL keep it on: consecutive calls in the graph overlap as they do in a
 model's forward pass, which is what the tactic is chosen for.
 """
 
@@ -29,13 +29,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cute_aot.aot import models as model_shapes
+from cute_aot.aot.tools.aot_tune.timing import (
+    operand_copies,
+    seconds_per_call,
+    seconds_per_call_each,
+)
 from cute_aot.artifacts import PACKAGE_VERSION, settings, terminal
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.artifacts.json_lines import append_line, read_objects
 from cute_aot.kernels import KernelFamily, TorchReference, capability, contract, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.tables import Table, read_tables, write_tables
-from cute_aot.runtime.tuning.timing import operand_copies, seconds_per_call, seconds_per_call_each
 
 RELATIVE_TOLERANCE = 0.02  # of the reference's largest magnitude: catches wrong kernels, not ulps
 

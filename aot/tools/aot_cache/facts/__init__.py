@@ -1,0 +1,1 @@
+"""What `aot-cache` shows, as data: no click, no rich; the commands present it."""
