@@ -27,9 +27,9 @@ from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
 from cute_aot.kernels.recorded import FAMILY, RecordedCallKey, hardware
 from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
+from cute_aot.runtime import policy
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.epoch import Resolutions
-from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.registry import REGISTRY
 from cute_aot.runtime.serving import installed
@@ -40,9 +40,7 @@ _recorders: list = []  # runtime/record.Recorder objects, innermost last
 _lock = threading.Lock()
 _original = None  # CompileCallable._compile as cutlass-dsl defines it
 _local = threading.local()  # compiles in progress on this thread (a probe inside a compile)
-_targets: dict[str, dict[str, int]] = {}  # target -> {compiles, hits, misses} in this process
 _virtual = None  # on a virtual GPU (runtime/virtual): what a compile returns instead (a stub)
-OUTCOMES = ("compiles", "hits", "misses")
 # (call identity, arch) -> what a hit returns; empty again when bundles load or the mode changes
 _hits = Resolutions()
 
@@ -50,32 +48,24 @@ _hits = Resolutions()
 def executed() -> int:
     """How many real `cute.compile` executions this process made since the hook was installed
     (benchmarks and tests show that mode aot served every call without one)."""
-    with _lock:
-        return sum(counts["compiles"] for counts in _targets.values())
+    return sum(counts[policy.COMPILED] for counts in policy.targets().values())
 
 
 def per_target() -> dict[str, dict[str, int]]:
     """target (`module:function` of what was compiled) -> {compiles, hits, misses} in this
     process: real compiles made through the hook, calls served from a bundle, and calls a
-    served process found no kernel for (CUTE_AOT_REPORT writes them at exit)."""
-    with _lock:
-        return {target: dict(counts) for target, counts in sorted(_targets.items())}
+    served process found no kernel for (CUTE_AOT_REPORT writes them at exit). Counted by
+    runtime/policy.py, which keeps every counter."""
+    return policy.targets()
 
 
 def reset_counts() -> None:
     """Forget this process's counts (a fork child starts its own)."""
-    with _lock:
-        _targets.clear()
-
-
-def _count(target: str, outcome: str) -> None:
-    with _lock:
-        counts = _targets.setdefault(target, dict.fromkeys(OUTCOMES, 0))
-        counts[outcome] += 1
+    policy.reset_targets()
 
 
 def _run_original(self, func, args, kwargs, target: str):
-    _count(target, "compiles")
+    policy.count_target(target, policy.COMPILED)
     return _original(self, func, *args, **kwargs)
 
 
@@ -147,16 +137,9 @@ def _compile(self, func, *args, **kwargs):
     call, why = _describe(self, func, args, kwargs)
     target = call.target if call is not None else _target_name(func)
     if serving is not None:
-        try:
-            served = _served(serving, call, why)
-        except KernelNotFoundError:  # mode aot
-            _count(target, "misses")
-            raise
+        served = _served(serving, call, why, target)
         if served is not None:
-            _count(target, "hits")
             return served
-        if current_mode() is not Mode.JIT:
-            _count(target, "misses")
     queried: dict = {}
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
@@ -203,31 +186,52 @@ def _describe(compile_callable, func, args, kwargs):
         return None, f"could not be described ({type(exc).__name__}: {exc})"
 
 
-def _served(serving, call, why):
-    """The bundle's function for `call`, or None for the caller's own compile (mode auto)."""
-    mode = current_mode()
-    if mode is Mode.JIT:
+def _served(serving, call, why, target: str):
+    """The bundle's function for `call`, or None for the caller's own compile (a miss in mode
+    auto, counted for `target`; mode jit, not counted). Mode aot raises on a miss."""
+    if policy.bypassed():
         return None
+    if call is not None:
+        arch = _arch(call)
+        known = _hits.get((call.identity_json, arch))
+        if known is not _hits.MISSING:  # a hit resolved before, in this epoch: nothing to redo
+            policy.count(FAMILY, policy.HIT, target)  # as the resolution counted it
+            return known
+    try:
+        function = _resolved(serving, call, why)
+    except KernelNotFoundError:  # mode aot
+        policy.count_target(target, policy.MISS)
+        raise
+    policy.count_target(target, policy.MISS if function is None else policy.HIT)
+    return function
+
+
+def _resolved(serving, call, why):
+    """`_served` past what it remembered: the policy's answer for `call`, remembered if a hit."""
     if call is None:
-        if mode is Mode.AOT:
-            raise KernelNotFoundError(FAMILY, "-", _arch(call), [], detail=f"{why}; mode aot")
-        warn_once(("not-servable", why), f"cute.compile call not served: {why}; compiling it")
+        policy.unservable(
+            FAMILY,
+            "-",
+            _arch(call),
+            why,
+            ("not-servable", why),
+            f"cute.compile call not served: {why}; compiling it",
+        )
         return None
     arch = _arch(call)
-    known = _hits.get((call.identity_json, arch))
-    if known is not _hits.MISSING:  # a hit resolved before, in this epoch: nothing to redo
-        serving.remembered_hit()
-        return known
     epoch = _hits.now()
     key, unfit = _kernel_for_this_gpu(call, arch)
     if unfit:
-        if mode is Mode.AOT:
-            raise KernelNotFoundError(FAMILY, key.id, arch, [], detail=f"{unfit}; mode aot")
-        warn_once(
-            ("hardware", key.id), f"cute.compile of {call.target} not served: {unfit}; compiling it"
+        policy.unservable(
+            FAMILY,
+            key.id,
+            arch,
+            unfit,
+            ("hardware", key.id),
+            f"cute.compile of {call.target} not served: {unfit}; compiling it",
         )
         return None
-    caller = sys._getframe(1)  # the user's call site is looked for only for a miss's record
+    caller = sys._getframe(2)  # the user's call site is looked for only for a miss's record
     function = serving.function(
         key, arch, lambda: {"target": call.target, "site": _call_site(caller)}
     )

@@ -14,8 +14,13 @@ with one warning and one count; the call itself never fails because of a cache. 
 request that cannot be met raises: mode aot, mode jit without a compiler, or mode auto with no
 step left (no compiler and no reference).
 
-Counters per family (hits, misses, bypasses, degradations) are kept for operators and tests:
-`counters()`, in this process (`aot-cache env`, another process, has none to show).
+A bundle that cannot be loaded (stale, damaged, a source that cannot be read, another
+architecture's) is decided here too, by `on_load_failure`; a `cute.compile` call no kernel can
+serve, by `unservable`. Nothing else in the package tests the mode (tests/test_one_policy.py).
+
+The counters live here only: per family (hits, misses, bypasses, degradations), `counters()`;
+per `cute.compile` target (compiles, hits, misses), `targets()`; both in this process (`aot-cache
+env`, another process, has none to show).
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cute_aot.artifacts.errors import JitUnavailableError, UnsupportedProblemError
+from cute_aot.artifacts.errors import (
+    JitUnavailableError,
+    KernelNotFoundError,
+    UnsupportedProblemError,
+)
 from cute_aot.runtime.misses import record_miss
 from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
@@ -36,14 +45,43 @@ HIT = "hits"  # served from a bundle or the overlay
 MISS = "misses"  # no prebuilt kernel: compiled here (or by the served library)
 BYPASS = "bypasses"  # mode jit: prebuilt kernels ignored on purpose
 DEGRADED = "degradations"  # a failure, or a problem no kernel serves, fell to the next step
+COMPILED = "compiles"  # per target: a real `cute.compile` execution
+TARGET_OUTCOMES = (COMPILED, HIT, MISS)
 
 _counts: dict[str, Counter] = {}
+_targets: dict[str, dict[str, int]] = {}  # `module:function` compiled -> TARGET_OUTCOMES
 _counts_lock = threading.Lock()
 
 
-def count(family: str, outcome: str) -> None:
+def count(family: str, outcome: str, target: str | None = None) -> None:
+    """Count `outcome` for `family`, and for the `cute.compile` target too where one is given
+    (one lock for both: the served compile's hit path counts so). Nothing is allocated once
+    the family and the target were counted before."""
     with _counts_lock:
-        _counts.setdefault(family, Counter())[outcome] += 1
+        counted = _counts.get(family)
+        if counted is None:
+            counted = _counts[family] = Counter()
+        counted[outcome] += 1
+        if target is not None:  # inline, as in count_target: the hit path makes no more calls
+            counts = _targets.get(target)
+            if counts is None:
+                counts = _targets[target] = dict.fromkeys(TARGET_OUTCOMES, 0)
+            counts[outcome] += 1
+
+
+def count_target(target: str, outcome: str) -> None:
+    """Count `outcome` (compiles, hits, misses) for a `cute.compile` target."""
+    with _counts_lock:
+        counts = _targets.get(target)
+        if counts is None:
+            counts = _targets[target] = dict.fromkeys(TARGET_OUTCOMES, 0)
+        counts[outcome] += 1
+
+
+def family_count(family: str, outcome: str) -> int:
+    with _counts_lock:
+        counted = _counts.get(family)
+        return counted[outcome] if counted is not None else 0
 
 
 def counters() -> dict[str, dict[str, int]]:
@@ -58,6 +96,61 @@ def counters() -> dict[str, dict[str, int]]:
 def reset_counters() -> None:
     with _counts_lock:
         _counts.clear()
+
+
+def targets() -> dict[str, dict[str, int]]:
+    """`cute.compile` target -> {compiles, hits, misses} in this process."""
+    with _counts_lock:
+        return {target: dict(counts) for target, counts in sorted(_targets.items())}
+
+
+def reset_targets() -> None:
+    with _counts_lock:
+        _targets.clear()
+
+
+# -- load time: a bundle, or a source of them, that cannot be loaded ------------------------------
+STALE = "stale"  # built for another family version, ABI, sources, libraries or compiler
+DAMAGED = "damaged"  # corrupt, untrusted or incompatible; a store's object refused
+UNREACHABLE = "unreachable"  # a source that cannot be read now (tried again later)
+ABSENT = "absent"  # a source that does not exist (yet): a folder not mounted, tried again later
+OTHER_ARCH = "other architecture"  # another GPU's bundle
+
+RAISE = "raise"  # the error reaches the caller
+FALL_BACK = "fall back"  # skipped, said once by the caller; its kernels come from the next step
+IGNORE = "ignore"  # skipped without a word: never meant for this GPU
+
+
+def on_load_failure(kind: str, *, named: bool = False, in_folder: bool = False) -> str:
+    """RAISE, FALL_BACK or IGNORE for a bundle (or bundle source) that failed to load as `kind`.
+
+    `named`: the caller named this very file (`load_bundles(path)`): an explicit request that
+    cannot be met, so it raises in every mode. `in_folder`: found in a folder, which usually
+    ships every architecture. Otherwise mode aot raises (every bundle it is given must serve) and
+    mode auto and jit fall back; a source that does not exist yet never fails.
+    """
+    if named:
+        return RAISE
+    if kind == OTHER_ARCH and in_folder:
+        return IGNORE
+    if kind == ABSENT:
+        return FALL_BACK
+    return RAISE if current_mode() is Mode.AOT else FALL_BACK
+
+
+# -- call time ---------------------------------------------------------------------------------
+def bypassed() -> bool:
+    """Whether prebuilt kernels are ignored on purpose (mode jit): the caller compiles."""
+    return current_mode() is Mode.JIT
+
+
+def unservable(family: str, key_id: str, arch: str, why: str, subject: tuple, message: str) -> None:
+    """A call no prebuilt kernel can serve whatever is loaded (it cannot be described, or no
+    kernel fits this hardware): mode aot raises KernelNotFoundError; otherwise `message` is said
+    once per `subject` and the caller compiles it as it would without cute-aot."""
+    if current_mode() is Mode.AOT:
+        raise KernelNotFoundError(family, key_id, arch, [], detail=f"{why}; mode aot")
+    warn_once(subject, message)
 
 
 @dataclass(frozen=True)
@@ -181,14 +274,30 @@ def resolve(
 
 
 __all__ = [
+    "ABSENT",
     "BYPASS",
+    "COMPILED",
+    "DAMAGED",
     "DEGRADED",
-    "degrade",
+    "FALL_BACK",
     "HIT",
+    "IGNORE",
     "MISS",
+    "OTHER_ARCH",
+    "RAISE",
+    "STALE",
+    "UNREACHABLE",
     "Resolution",
+    "bypassed",
     "count",
+    "count_target",
     "counters",
+    "degrade",
+    "family_count",
+    "on_load_failure",
     "reset_counters",
+    "reset_targets",
     "resolve",
+    "targets",
+    "unservable",
 ]

@@ -2,8 +2,9 @@
 table a family uses, and the overlay's entries.
 
 Loading (explicit sources, then what runtime/sources.py finds: CUTE_AOT_BUNDLES and installed
-bundle wheels) and staleness live here; which source serves a problem, and what a failure falls
-back to, is runtime/policy.py's one decision. Every change moves the resolution epoch.
+bundle wheels) and staleness live here; which source serves a problem, and whether a bundle that
+cannot be loaded raises or falls back, is runtime/policy.py's one decision (imported where a
+failure is handled: policy imports this module). Every change moves the resolution epoch.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from cute_aot.kernels.tables import Table
 from cute_aot.runtime import epoch, overlay, paths, sources
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
-from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
 __all__ = ["REGISTRY", "Registry", "StaleBundleError", "load_bundles", "stale_reasons"]
@@ -186,7 +186,9 @@ class Registry:
                 if f"{path}: {reason}" not in said:
                     said.append(f"{path}: {reason}")
         summary = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
-        if current_mode() is Mode.AOT:
+        from cute_aot.runtime import policy
+
+        if policy.on_load_failure(policy.STALE) == policy.RAISE:
             raise StaleBundleError(path, f"stale ({summary})")
         for name, reason in reasons.items():
             warn_once(
@@ -203,14 +205,20 @@ class Registry:
         try:
             return open_bundle(path, gpu_arch, accept=self._refuse_stale)
         except StaleBundleError:
-            if current_mode() is Mode.AOT:
+            from cute_aot.runtime import policy
+
+            if policy.on_load_failure(policy.STALE) == policy.RAISE:
                 raise
             return None  # warned once per family by _refuse_stale; its kernels fall back
         except (BundleError, KeyFileError) as exc:
-            if in_folder and isinstance(exc, OtherArchError):
-                return None  # one folder usually ships every architecture
-            if not skip_bad or current_mode() is Mode.AOT:
+            from cute_aot.runtime import policy
+
+            kind = policy.OTHER_ARCH if isinstance(exc, OtherArchError) else policy.DAMAGED
+            action = policy.on_load_failure(kind, named=not skip_bad, in_folder=in_folder)
+            if action == policy.RAISE:
                 raise
+            if action == policy.IGNORE:
+                return None
             warn_once(
                 ("bad-bundle", str(path)),
                 f"skipping bundle {path}: {exc}; its kernels fall back to the overlay cache or JIT",
@@ -245,7 +253,10 @@ class Registry:
                     raise FileNotFoundError(errno.ENOENT, "no such file or folder", source)
             self._load(found, None, skip_bad_files=True)
         except OSError as exc:
-            if current_mode() is Mode.AOT and not isinstance(exc, FileNotFoundError):
+            from cute_aot.runtime import policy
+
+            kind = policy.ABSENT if isinstance(exc, FileNotFoundError) else policy.UNREACHABLE
+            if policy.on_load_failure(kind) == policy.RAISE:
                 raise
             warn_once(
                 ("bundles-unreadable", source),
@@ -255,7 +266,9 @@ class Registry:
             self._env_failed[source] = time.monotonic() + ENV_RETRY_SECONDS
             return
         except (BundleError, KeyFileError) as exc:  # a bad bundle at a URL: not a retry
-            if current_mode() is Mode.AOT:
+            from cute_aot.runtime import policy
+
+            if policy.on_load_failure(policy.DAMAGED) == policy.RAISE:
                 raise
             warn_once(
                 ("bad-bundle", source),

@@ -52,8 +52,8 @@ from cute_aot.artifacts.bundle import (
 )
 from cute_aot.artifacts.errors import BundleError, CuteAotError, SignatureError
 from cute_aot.artifacts.manifest import Manifest
+from cute_aot.runtime import policy
 from cute_aot.runtime.loader import check_trust
-from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
 LOCK_WAIT = 600.0  # another process's download of a large bundle over a slow link
@@ -95,7 +95,8 @@ def fetch_bundles(url: str, strict: bool | None = None, offline: bool = True) ->
     `offline`, a store that cannot be reached is served from the copies its last fetch verified,
     said once; without such copies, or without `offline`, OSError names the URL and the reason.
     """
-    strict = current_mode() is Mode.AOT if strict is None else strict
+    if strict is None:  # a refused object falls back unless mode aot
+        strict = policy.on_load_failure(policy.DAMAGED) == policy.RAISE
     fs, root = urls.filesystem(url)
     folder = _cache_folder()
     url_id = hashlib.sha256(url.encode()).hexdigest()[:32]

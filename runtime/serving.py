@@ -16,7 +16,6 @@ from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.kernels import Adapter, KernelFamily, Patch, capability, families
 from cute_aot.runtime import policy
 from cute_aot.runtime.epoch import Resolutions
-from cute_aot.runtime.mode import Mode, current_mode
 from cute_aot.runtime.notices import warn_once
 
 __all__ = ["Serving", "install", "installed", "uninstall"]
@@ -27,8 +26,17 @@ class Serving:
 
     def __init__(self, kernel_family: KernelFamily):  # an Adapter
         self.family = kernel_family
-        self.hits = 0  # lookups served from a bundle (tests and benchmarks read them)
-        self.misses = 0
+
+    # The policy's counters of the family, the only ones (tests and benchmarks read them here).
+    @property
+    def hits(self) -> int:
+        """Lookups served from a bundle in this process."""
+        return policy.family_count(self.family.name, policy.HIT)
+
+    @property
+    def misses(self) -> int:
+        """Lookups no bundle served, left to the library's own compile (mode jit aside)."""
+        return policy.family_count(self.family.name, policy.MISS)
 
     @staticmethod
     def resolutions() -> Resolutions:
@@ -44,20 +52,14 @@ class Serving:
         Mode aot raises KernelNotFoundError on a miss. `problem`, or a function giving it: what
         a miss records (a hit never asks)."""
         details = problem if callable(problem) else (lambda: problem or {})
-        resolution = policy.resolve(
+        return policy.resolve(
             key.FAMILY, arch, lambda: key, details, serves_library=self.family.serves
-        )
-        if resolution.source == "bundle":
-            self.hits += 1
-        elif current_mode() is not Mode.JIT:
-            self.misses += 1
-        return resolution.function
+        ).function
 
     def remembered_hit(self) -> None:
         """Count a hit the family served from what it remembered of an earlier `function`
         (in this resolution epoch), as that call counted it."""
         policy.count(self.family.name, policy.HIT)
-        self.hits += 1
 
 
 _lock = threading.Lock()
