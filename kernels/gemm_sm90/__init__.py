@@ -12,12 +12,14 @@ The package, one job a module (this one re-exports their names, as it held them 
 * dispatch.py: table dispatch (hand-written rule, tuned and borrowed rows, fp8 accumulation
   policy) and aot-tune's tuned tables.
 * models.py: the default shapes and a model config's layer shapes.
-* kernel.py (the CuTe DSL kernel) and build.py (its compile): build machines and JIT only.
+* kernel.py (the CuTe DSL kernel, composing scheduler.py, mainloop.py, epilogue.py and
+  launch.py) and build.py (its compile): build machines and JIT only.
 * here: the tactic space and the family classes.
 
 The family's source hash (kernels/__init__.py: source_hash) covers build.py, kernel.py and what
-they import of the package (resources.py), never this module, keys.py, dispatch.py, cost.py or
-models.py: a table or cost tweak changes which key a problem asks for, never a key's binary.
+they import of the package (the kernel's modules and resources.py), never this module, keys.py,
+dispatch.py, cost.py or models.py: a table or cost tweak changes which key a problem asks
+for, never a key's binary.
 
 Registered under the `cute_aot.families` entry points as ``gemm_sm90`` and ``gemm_sm90_fp8``
 (pyproject.toml), exactly as another project's family would be.

@@ -19,7 +19,7 @@ Design (what a reviewer can check against the code below)
   128-byte rows, 128-byte swizzle chosen by sm90_utils.make_smem_layout_a/b).
 * Grid and scheduler: grid = (ceil(Mk/tile_m) rounded up to cluster_m, ceil(Nk/tile_n) rounded
   up to cluster_n, split_k). CTAs are mapped to output tiles in groups of raster_m M tiles (see
-  _tile_of) so that each wave reuses its operands from L2. z is the K split.
+  scheduler.py) so that each wave reuses its operands from L2. z is the K split.
 * Persistent (persistent=True, split_k = 1): the grid is at most SMS CTAs (resources.py: 132, the
   H100/H200 SXM SM count; on another GPU only the wave count changes, never the result); each
   cluster walks the cluster tiles c, c + L, c + 2L, .. (L clusters launched) in the same grouped
@@ -123,7 +123,14 @@ Design (what a reviewer can check against the code below)
   barrier (any cluster: peers done with this CTA's shared memory) -> exit.
 
 Shared memory, stages, the accumulator budget and the SM count are resources.py's, the one model
-that keys' stages (stages_for) and dispatch are sized by; this module allocates and checks by it.
+that keys' stages (stages_for) and dispatch are sized by; this module checks by it and launch.py
+allocates by it.
+
+Modules, one job each (quack's split): scheduler.py (grid, raster order, persistent walk, K
+split), mainloop.py (pipeline, TMA producer, wgmma consumers, ping-pong turns), epilogue.py
+(register, staged/split-K and TMA-store strategies), launch.py (host: operands, layouts, TMA
+descriptors, the shared-memory struct, the launch). This class holds the compile-time
+parameters, picks the parts, and is the device entry (warp roles, barriers, cluster exit).
 
 This module imports cutlass at import time; it is only imported at build time or for JIT. No
 `from __future__ import annotations` here: cute.struct reads its field annotations as objects.
@@ -134,20 +141,22 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32
-from cutlass.tensor_utils import LayoutEnum
+
+from cute_aot.kernels.gemm_sm90.epilogue import (
+    RegisterEpilogue,
+    StagedEpilogue,
+    TmaStoreEpilogue,
+)
+from cute_aot.kernels.gemm_sm90.launch import launch
+from cute_aot.kernels.gemm_sm90.mainloop import Mainloop
 
 # The one shared-memory, stage, register and SM model (pure Python; dispatch sizes keys by it).
 from cute_aot.kernels.gemm_sm90.resources import (
     BARRIER_RESERVE,
     BF16_DTYPE,
-    EPI_BUFFERS,
     FP8_DTYPE,
-    OUT_PAD,
-    OUT_VECTOR,
     SMEM_CAPACITY,
-    SMS,
     SPLITS,
     TILE_K,
     WARPGROUP,
@@ -159,13 +168,10 @@ from cute_aot.kernels.gemm_sm90.resources import (
     stores_by_tma,
     strip_cols,
 )
+from cute_aot.kernels.gemm_sm90.scheduler import TileScheduler
 
 __all__ = ["HopperGemm"]
 
-EPILOGUE_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
-# Ping-pong: warpgroup g's epilogue barrier is EPILOGUE_BARRIER + g; "warpgroup g may start
-# its main loop" is MAIN_LOOP_TURN + g (bar.sync by g, bar.arrive by the other).
-MAIN_LOOP_TURN = 3
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232, 3: 152}  # keeps (C * consumer + producer) * 128 <= 64 Ki
 # The fp32 accumulators these leave a consumer thread: resources.MAX_ACC_PER_THREAD.
@@ -237,7 +243,7 @@ class HopperGemm:
         self.tma_store = stores_by_tma(tile_n, persistent, swap_ab, aligned_n)
         # A strip spans the tiled MMA's rows (64 per warpgroup sharing the tile: ping-pong's
         # 128-row tile is two strips high), so its values are consecutive in the retiled
-        # fragment (_epilogue_tma).
+        # fragment (epilogue.py: TmaStoreEpilogue).
         rows = 64 * self.tile_warpgroups
         self.epi_tile = (rows, strip_cols(tile_n))
         self.staging_bytes = staging_bytes(tile_m, tile_n, persistent, swap_ab, pingpong, aligned_n)
@@ -289,6 +295,45 @@ class HopperGemm:
         self.producer_warp = self.mma_warpgroups * 4  # first warp of the producer warpgroup
         self.a_mcast = self.cluster_mn[1]  # CTAs sharing one A tile (same M, other N)
         self.b_mcast = self.cluster_mn[0]  # CTAs sharing one B tile (same N, other M)
+        # The parts, each with only the compile-time parameters of its job.
+        self.scheduler = TileScheduler(
+            self.tile_shape_mnk, self.cluster_mn, self.raster_clusters, self.persistent, split_k
+        )
+        if self.tma_store:
+            epilogue_kind = TmaStoreEpilogue
+        elif self.aligned_n:
+            epilogue_kind = StagedEpilogue
+        else:
+            epilogue_kind = RegisterEpilogue
+        self.epilogue = epilogue_kind(
+            self.tile_shape_mnk,
+            self.out_tile,
+            self.swap_ab,
+            self.split_k,
+            self.scaled,
+            self.has_bias,
+            self.prefetch_bias,
+            self.persistent,
+            self.staging_bytes,
+            self.epilogue_bytes,
+            self.epi_tile,
+            self.tile_threads,
+            self.tile_owners,
+        )
+        self.mainloop = Mainloop(
+            ab_dtype,
+            self.acc_dtype,
+            self.tile_shape_mnk,
+            self.cluster_mn,
+            self.stages,
+            self.tile_threads,
+            self.tile_owners,
+            self.promote,
+            self.pingpong,
+            self.pdl,
+            self.scheduler,
+            self.epilogue,
+        )
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -301,7 +346,7 @@ class HopperGemm:
         stream: cuda.CUstream,
     ):
         """bf16: (x, w, bias, out); the exported function's ABI order."""
-        self._launch(x, w, None, None, bias, out, stream)
+        launch(self, x, w, None, None, bias, out, stream)
 
     @cute.jit
     def call_scaled(
@@ -315,602 +360,9 @@ class HopperGemm:
         stream: cuda.CUstream,
     ):
         """fp8: (x, w, x_scale, w_scale, bias, out); scales are fp32 [1] device tensors."""
-        self._launch(x, w, x_scale, w_scale, bias, out, stream)
-
-    def _launch(self, x, w, x_scale, w_scale, bias, out, stream):
-        if cutlass.const_expr(x.element_type != self.ab_dtype or w.element_type != self.ab_dtype):
-            raise TypeError(f"HopperGemm: x and w must be {self.ab_dtype}")
-        if cutlass.const_expr(out.element_type != self.out_dtype):
-            raise TypeError("HopperGemm: out must be bf16")
-        if cutlass.const_expr(self.scaled != (x_scale is not None)):
-            raise TypeError("HopperGemm: fp8 takes x_scale and w_scale, bf16 does not")
-        a, b = (w, x) if self.swap_ab else (x, w)
-        tile_m, tile_n, tile_k = self.tile_shape_mnk
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype,
-            self.ab_dtype,
-            LayoutEnum.from_tensor(a).sm90_mma_major_mode(),
-            LayoutEnum.from_tensor(b).sm90_mma_major_mode(),
-            self.acc_dtype,
-            (self.tile_warpgroups, 1, 1),
-            tiler_mn=(64, tile_n),
-        )
-        a_smem = sm90_utils.make_smem_layout_a(
-            LayoutEnum.from_tensor(a),
-            self.tile_shape_mnk,
-            self.ab_dtype,
-            self.stages,
-        )
-        b_smem = sm90_utils.make_smem_layout_b(
-            LayoutEnum.from_tensor(b),
-            self.tile_shape_mnk,
-            self.ab_dtype,
-            self.stages,
-        )
-        tma_a, tma_ma = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            self._tma_load_op(self.a_mcast),
-            a,
-            cute.slice_(a_smem, (None, None, 0)),
-            (tile_m, tile_k),
-            num_multicast=self.a_mcast,
-        )
-        tma_b, tma_mb = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            self._tma_load_op(self.b_mcast),
-            b,
-            cute.slice_(b_smem, (None, None, 0)),
-            (tile_n, tile_k),
-            num_multicast=self.b_mcast,
-        )
-        epi_smem = tma_out = tma_mout = None
-        c_type, c_size = cutlass.Uint8, max(self.epilogue_bytes, 16)
-        if cutlass.const_expr(self.tma_store):
-            # Every owner's EPI_BUFFERS strips, swizzled as the TMA store reads them.
-            epi_smem = sm90_utils.make_smem_layout_epi(
-                self.out_dtype,
-                LayoutEnum.from_tensor(out),
-                self.epi_tile,
-                EPI_BUFFERS * self.tile_owners,
-            )
-            c_type, c_size = self.out_dtype, cute.cosize(epi_smem)
-            tma_out, tma_mout = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(),
-                out,
-                cute.slice_(epi_smem, (None, None, 0)),
-                self.epi_tile,
-            )
-
-        @cute.struct
-        class SharedStorage:
-            pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            # One slice per warpgroup owning tiles; next to the barriers, in front of the
-            # 1024-aligned sA (BARRIER_RESERVE, plus 1 KiB for ping-pong's two slices).
-            sBias: cute.struct.Align[
-                cute.struct.MemRange[BFloat16, self.bias_tile * self.tile_owners], 16
-            ]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem)], 1024]
-            # The persistent epilogue's buffer: raw bytes, or the TMA store's typed strips.
-            sC: cute.struct.Align[cute.struct.MemRange[c_type, c_size], 1024]
-
-        self.shared_storage = SharedStorage
-        cluster_m, cluster_n = self.cluster_mn
-        grid_m = (a.shape[0] + (tile_m - 1)) // tile_m
-        grid_n = (b.shape[0] + (tile_n - 1)) // tile_n
-        grid_m = (grid_m + (cluster_m - 1)) // cluster_m * cluster_m
-        grid_n = (grid_n + (cluster_n - 1)) // cluster_n * cluster_n
-        if cutlass.const_expr(self.persistent):
-            # One row of clusters along x, each walking cluster tiles (kernel: _tiles_to_walk).
-            clusters = (grid_m // cluster_m) * (grid_n // cluster_n)
-            per_wave = SMS // (cluster_m * cluster_n)
-            grid_m = cutlass.min(clusters, per_wave) * cluster_m
-            grid_n = cluster_n
-        self.kernel(
-            tma_a,
-            tma_ma,
-            tma_b,
-            tma_mb,
-            x_scale,
-            w_scale,
-            bias,
-            out,
-            tiled_mma,
-            a_smem,
-            b_smem,
-            tma_out,
-            tma_mout,
-            epi_smem,
-        ).launch(
-            grid=[grid_m, grid_n, self.split_k],
-            block=[self.threads, 1, 1],
-            cluster=[cluster_m, cluster_n, self.split_k],
-            stream=stream,
-            use_pdl=self.pdl,
-        )
-
-    @staticmethod
-    def _tma_load_op(mcast: int):
-        if mcast == 1:
-            return cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
-        return cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+        launch(self, x, w, x_scale, w_scale, bias, out, stream)
 
     # ---------------------------------------------------------------- device
-    @cute.jit
-    def _cluster_tiles(self, mA, mB):
-        """(cluster tiles along M, along N) of the whole problem."""
-        tile_m, tile_n = self.tile_shape_mnk[:2]
-        cluster_m, cluster_n = self.cluster_mn
-        tiles_m = (mA.shape[0] + (tile_m - 1)) // tile_m
-        tiles_n = (mB.shape[0] + (tile_n - 1)) // tile_n
-        return (tiles_m + (cluster_m - 1)) // cluster_m, (tiles_n + (cluster_n - 1)) // cluster_n
-
-    @cute.jit
-    def _tile_of(self, linear, clusters_m, clusters_n):
-        """The output tile (m, n) of this CTA when its cluster takes cluster tile `linear`,
-        clusters visited in groups of raster_m M tiles.
-
-        Taken in plain order, a wave would cover a few N columns of every M tile and so stream
-        all of x through L2 once per couple of N tiles. Grouping (as Triton's GROUP_M) makes
-        each wave a compact block of tiles: about raster_m M tiles by (wave / raster_m) N
-        tiles. Remapping whole clusters keeps each cluster's CTAs on neighbouring tiles that
-        share their multicast operand.
-        """
-        bidx, bidy, _ = cute.arch.block_idx()
-        cluster_m, cluster_n = self.cluster_mn
-        per_group = self.raster_clusters * clusters_n
-        first_m = (linear // per_group) * self.raster_clusters
-        group_m = cutlass.min(clusters_m - first_m, self.raster_clusters)
-        within = linear % per_group
-        cluster_tile_m = first_m + within % group_m
-        cluster_tile_n = within // group_m
-        return (
-            cluster_tile_m * cluster_m + bidx % cluster_m,
-            cluster_tile_n * cluster_n + bidy % cluster_n,
-        )
-
-    @cute.jit
-    def _tiles_to_walk(self, mA, mB):
-        """(first cluster tile, end, step) of this CTA's cluster: one tile in a plain grid (its
-        block index, clusters in launch order), every L-th of them in a persistent one."""
-        bidx, bidy, _ = cute.arch.block_idx()
-        grid_m, _, _ = cute.arch.grid_dim()
-        cluster_m, cluster_n = self.cluster_mn
-        clusters_m, clusters_n = self._cluster_tiles(mA, mB)
-        if cutlass.const_expr(self.persistent):
-            return bidx // cluster_m, clusters_m * clusters_n, grid_m // cluster_m
-        first = bidx // cluster_m + (bidy // cluster_n) * clusters_m
-        return first, first + 1, 1
-
-    @cute.jit
-    def _epilogue_value(self, value, scale, bias):
-        """bf16(acc * scale + bias), the scale for fp8 only, the bias where the key has one."""
-        if cutlass.const_expr(self.scaled):
-            value = value * scale
-        if cutlass.const_expr(self.has_bias):
-            value = value + bias
-        return value.to(self.out_dtype)
-
-    @cute.jit
-    def _bias_at(self, mBias, col, N):
-        """bias[col] from global memory (0 past N, or with no bias)."""
-        bias = Float32(0.0)
-        if cutlass.const_expr(self.has_bias):
-            if col < N:
-                bias = mBias[col].to(Float32)
-        return bias
-
-    @cute.jit
-    def _fetch_bias(self, mBias, sBias, tile, tidx):
-        """Start copying this tile's bias slice into sBias (16 bytes per thread, cp.async);
-        _epilogue waits for it. N % 8 == 0, so a 16-byte piece is wholly inside N or past it
-        (whose columns are never stored)."""
-        first = (
-            tile[0] * self.bias_tile
-            if cutlass.const_expr(self.swap_ab)
-            else (tile[1] * self.bias_tile)
-        )
-        pieces = self.bias_tile // OUT_VECTOR
-        if tidx < pieces and first + tidx * OUT_VECTOR < mBias.shape[0]:
-            atom = cute.make_copy_atom(
-                cute.nvgpu.cpasync.CopyG2SOp(), BFloat16, num_bits_per_copy=16 * 8
-            )
-            cute.copy(
-                atom,
-                cute.local_tile(mBias, (OUT_VECTOR,), (first // OUT_VECTOR + tidx,)),
-                cute.local_tile(sBias, (OUT_VECTOR,), (tidx,)),
-            )
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def _store_from_registers(self, acc, scale, thr_mma, mBias, mOut, tile):
-        """Any N: each accumulator element to out[m, n] with a 2-byte store, when in bounds."""
-        M, N = mOut.shape
-        tile_mn = self.tile_shape_mnk[:2]
-        tCgOut = thr_mma.partition_C(cute.local_tile(mOut, tile_mn, tile))
-        tCcOut = thr_mma.partition_C(
-            cute.local_tile(cute.make_identity_tensor((M, N)), tile_mn, tile)
-        )
-        for i in cutlass.range(cute.size(acc), unroll_full=True):
-            row, col = tCcOut[i]
-            if row < M and col < N:
-                tCgOut[i] = self._epilogue_value(acc[i], scale, self._bias_at(mBias, col, N))
-
-    @cute.jit
-    def _stage(self, acc, scale, thr_mma, smem, mBias, sBias, mOut, tile):
-        """Accumulators -> the staged tile, kept in out's row-major order whatever the operand
-        order: bf16(acc * scale + bias) (split_k = 1, bias from sBias) or the fp32 partial
-        (split_k > 1)."""
-        M, N = mOut.shape
-        tile_m, tile_n = self.tile_shape_mnk[:2]
-        row_stride = self.out_tile[1] + OUT_PAD
-        stride = (1, row_stride) if cutlass.const_expr(self.swap_ab) else (row_stride, 1)
-        tCsOut = thr_mma.partition_C(
-            cute.make_tensor(
-                cute.recast_ptr(smem, dtype=self.staged_dtype),
-                cute.make_layout((tile_m, tile_n), stride=stride),
-            )
-        )
-        extent = (N, M) if cutlass.const_expr(self.swap_ab) else (M, N)
-        tCcOut = thr_mma.partition_C(
-            cute.local_tile(cute.make_identity_tensor(extent), (tile_m, tile_n), tile)
-        )
-        tCcTile = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))  # static
-        # Built in registers first so the copy can pair neighbouring columns (4-byte stores).
-        staged = cute.make_rmem_tensor(acc.shape, self.staged_dtype)
-        for i in cutlass.range(cute.size(acc), unroll_full=True):
-            if cutlass.const_expr(self.split_k > 1):
-                staged[i] = acc[i]
-            else:
-                axis = 0 if cutlass.const_expr(self.swap_ab) else 1
-                if cutlass.const_expr(self.prefetch_bias):
-                    bias = sBias[tCcTile[i][axis]].to(Float32)  # the tile's slice
-                else:
-                    bias = self._bias_at(mBias, tCcOut[i][axis], N)
-                staged[i] = self._epilogue_value(acc[i], scale, bias)
-        cute.autovec_copy(staged, tCsOut)
-
-    @cute.jit
-    def _peer_segment(self, smem_f32, offset, peer):
-        """8 fp32 of a peer CTA's staged partial (two 16-byte ld.shared::cluster)."""
-        values = []
-        for half in cutlass.range_constexpr(2):
-            remote = cute.arch.map_dsmem_ptr(smem_f32 + (offset + 4 * half), peer)
-            values.extend(
-                cute.arch.inline_ptx(
-                    "ld.shared::cluster.v4.f32 { {$w0}, {$w1}, {$w2}, {$w3} }, [{$r0}];",
-                    write_only_types=[Float32] * 4,
-                    read_only_args=[remote],
-                )
-            )
-        return values
-
-    @cute.jit
-    def _store_staged(self, scale, smem, mBias, mOut, tile, tidx, rank):
-        """Each consumer thread stores 16-byte row segments of the staged tile: whole, coalesced
-        rows of out. Under split-K, CTA `rank` stores its 1/S of the rows, each the sum of the
-        S partials in rank order, then scaled, biased and rounded."""
-        M, N = mOut.shape
-        rows, cols = self.out_tile
-        row_stride = cols + OUT_PAD
-        my_rows = rows // self.split_k
-        per_row = cols // OUT_VECTOR
-        segments = my_rows * per_row  # consecutive threads take consecutive segments of a row
-        tile_row, tile_col = (tile[1], tile[0]) if cutlass.const_expr(self.swap_ab) else tile
-        sOut = cute.make_tensor(
-            cute.recast_ptr(smem, dtype=self.staged_dtype),
-            cute.make_layout((rows, cols), stride=(row_stride, 1)),
-        )
-        smem_f32 = cute.recast_ptr(smem, dtype=Float32)
-        threads = self.tile_threads
-        for step in cutlass.range_constexpr((segments + threads - 1) // threads):
-            index = tidx + step * threads
-            segment = index % per_row
-            row = rank * my_rows + index // per_row
-            out_row = tile_row * rows + row
-            column = tile_col * cols + segment * OUT_VECTOR
-            if index < segments and out_row < M and column < N:
-                staged = cute.make_rmem_tensor((1, OUT_VECTOR), self.out_dtype)
-                if cutlass.const_expr(self.split_k == 1):
-                    cute.autovec_copy(
-                        cute.local_tile(sOut, (1, OUT_VECTOR), (row, segment)), staged
-                    )
-                else:
-                    offset = row * row_stride + segment * OUT_VECTOR
-                    total = self._peer_segment(smem_f32, offset, 0)
-                    for peer in cutlass.range_constexpr(1, self.split_k):
-                        part = self._peer_segment(smem_f32, offset, peer)
-                        total = [t + p for t, p in zip(total, part, strict=True)]
-                    for j in cutlass.range_constexpr(OUT_VECTOR):
-                        bias = Float32(0.0)  # the whole segment is inside N
-                        if cutlass.const_expr(self.has_bias):
-                            bias = mBias[column + j].to(Float32)
-                        staged[0, j] = self._epilogue_value(total[j], scale, bias)
-                cute.autovec_copy(
-                    staged, cute.local_tile(mOut, (1, OUT_VECTOR), (out_row, column // OUT_VECTOR))
-                )
-
-    @cute.jit
-    def _produce(
-        self,
-        tma_a,
-        mA,
-        tma_b,
-        mB,
-        sA,
-        sB,
-        main_pipe,
-        cta_layout_mnk,
-        cluster_coord,
-        masks,
-        walk,
-        clusters,
-        k_range,
-    ):
-        """The producer warp: for every tile this CTA walks, TMA-load its k-tiles of A and B
-        into the pipeline's slots (multicast within the cluster where masks say so)."""
-        first, end, step = walk
-        k_begin, k_tiles = k_range
-        # Per operand: its TMA atom, shared and global tensors, which tile coordinates index
-        # it, and the CTAs it is multicast to (the others along the cluster's M or N).
-        operands = (
-            (tma_a, sA, mA, (1, None, 1), cluster_coord[1], (0, None, 0), masks[0]),
-            (tma_b, sB, mB, (None, 1, 1), cluster_coord[0], (None, 0, 0), masks[1]),
-        )
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for linear in cutlass.range(first, end, step, unroll=1):
-            tile_coord = (*self._tile_of(linear, *clusters), None)
-            loads = []
-            for tma, smem, gmem, proj, peer, peers, mask in operands:
-                tile = cute.local_tile(gmem, self.tile_shape_mnk, tile_coord, proj=proj)
-                to_smem, from_gmem = cute.nvgpu.cpasync.tma_partition(
-                    tma,
-                    peer,
-                    cute.make_layout(cute.slice_(cta_layout_mnk, peers).shape),
-                    cute.group_modes(smem, 0, 2),
-                    cute.group_modes(tile, 0, 2),
-                )
-                loads.append((tma, from_gmem, to_smem, mask))
-            for k_tile in cutlass.range(k_begin, k_begin + k_tiles, unroll=1):
-                main_pipe.producer_acquire(state)
-                full = main_pipe.producer_get_barrier(state)
-                for tma, from_gmem, to_smem, mask in loads:
-                    cute.copy(
-                        tma,
-                        from_gmem[(None, k_tile)],
-                        to_smem[(None, state.index)],
-                        tma_bar_ptr=full,
-                        mcast_mask=mask,
-                    )
-                main_pipe.producer_commit(state)
-                state.advance()
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_launch_dependents()
-        # Wait until the consumers released every slot: no TMA write is still in flight into
-        # this CTA (or a peer) when the CTA exits.
-        main_pipe.producer_tail(state)
-
-    @cute.jit
-    def _consume(
-        self,
-        tiled_mma,
-        sA,
-        sB,
-        storage,
-        main_pipe,
-        mXScale,
-        mWScale,
-        mBias,
-        mOut,
-        tidx,
-        split,
-        walk,
-        clusters,
-        k_tiles,
-        owner,
-        tma_epilogue,
-    ):
-        """The consumer warpgroups: for every tile this CTA walks, the wgmma main loop over the
-        pipeline's slots into fp32 accumulators, then the epilogue. Ping-pong: warpgroup
-        `owner` takes every other tile (the producer loads them all in walk order), its
-        main loop in turn with the other's, so one's epilogue runs under the other's wgmma."""
-        first, end, step = walk
-        thr_mma = tiled_mma.get_slice(tidx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc = cute.make_rmem_tensor(
-            thr_mma.partition_shape_C(self.tile_shape_mnk[:2]), self.acc_dtype
-        )
-        part = None
-        if cutlass.const_expr(self.promote):
-            part = cute.make_rmem_tensor(acc.shape, self.acc_dtype)
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        scale = Float32(1.0)
-        if cutlass.const_expr(self.scaled):
-            scale = mXScale[0] * mWScale[0]
-        # The staged tile: its own buffer when persistent, else the (idle) operand slots.
-        # (The offsets are whole 16-byte vectors: assume says so, for the vectorised copies.)
-        staging = storage.sA.data_ptr()
-        if cutlass.const_expr(self.persistent):
-            offset = cute.assume(owner * self.staging_bytes, divby=1024)
-            staging = storage.sC.data_ptr() + offset
-        bias_offset = cute.assume(owner * self.bias_tile, divby=OUT_VECTOR)
-        sBias = cute.make_tensor(
-            storage.sBias.data_ptr() + bias_offset, cute.make_layout((self.bias_tile,))
-        )
-        tile_step = step * self.tile_owners
-        if cutlass.const_expr(self.pingpong):
-            # Skip the k-tiles of the other warpgroup's tile before this one's first.
-            read.advance(owner * k_tiles)
-            release.advance(owner * k_tiles)
-        for linear in cutlass.range(first + owner * step, end, tile_step, unroll=1):
-            tile = self._tile_of(linear, *clusters)
-            if cutlass.const_expr(self.prefetch_bias):
-                # sBias is free: the previous tile's _stage finished before its second barrier.
-                self._fetch_bias(mBias, sBias, tile, tidx)
-            if cutlass.const_expr(self.pingpong):
-                # Wait for the other warpgroup's main loop of the tile before this one: only
-                # then can this one's slots' phases not be mistaken for its.
-                if linear != first:
-                    cute.arch.barrier(
-                        barrier_id=MAIN_LOOP_TURN + owner, number_of_threads=2 * WARPGROUP
-                    )
-            acc.fill(0.0)
-            if cutlass.const_expr(self.promote):
-                # Each k-tile into a zeroed second set, then added in full fp32.
-                for _ in cutlass.range(k_tiles, unroll=1):
-                    main_pipe.consumer_wait(read)
-                    part.fill(0.0)
-                    self._mma_k_tile(tiled_mma, part, tCrA, tCrB, read.index)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    main_pipe.consumer_release(read)
-                    read.advance()
-                    for i in cutlass.range(cute.size(acc), unroll_full=True):
-                        acc[i] = acc[i] + part[i]
-                self._pass_turn(owner, linear, step, end)
-            else:
-                for k_tile in cutlass.range(k_tiles, unroll=1):
-                    main_pipe.consumer_wait(read)
-                    self._mma_k_tile(tiled_mma, acc, tCrA, tCrB, read.index)
-                    # Keep one wgmma batch in flight; the batch before it has now finished
-                    # reading its slot, which may be refilled.
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if k_tile > 0:
-                        main_pipe.consumer_release(release)
-                        release.advance()
-                    read.advance()
-                self._pass_turn(owner, linear, step, end)
-                cute.nvgpu.warpgroup.wait_group(0)
-                if k_tiles > 0:
-                    main_pipe.consumer_release(release)
-                    release.advance()
-            if cutlass.const_expr(self.pingpong):
-                read.advance(k_tiles)  # the other warpgroup's next tile
-                release.advance(k_tiles)
-            if cutlass.const_expr(self.pdl):
-                cute.arch.griddepcontrol_launch_dependents()
-            if cutlass.const_expr(self.tma_store):
-                self._epilogue_tma(
-                    acc,
-                    scale,
-                    tiled_mma,
-                    sBias,
-                    tma_epilogue,
-                    tile,
-                    tidx,
-                    owner,
-                    (linear - first) // tile_step,
-                )
-            else:
-                self._epilogue(
-                    acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split, owner
-                )
-        if cutlass.const_expr(self.tma_store):
-            # The last strips' TMA stores must have read shared memory before the CTA exits.
-            if cute.arch.make_warp_uniform(tidx // 32) == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _pass_turn(self, owner, linear, step, end):
-        """Ping-pong: every wgmma of this tile is issued; the other warpgroup, if it has a
-        next tile (linear + step), may start its main loop."""
-        if cutlass.const_expr(self.pingpong):
-            if linear + step < end:
-                cute.arch.barrier_arrive(
-                    barrier_id=MAIN_LOOP_TURN + 1 - owner, number_of_threads=2 * WARPGROUP
-                )
-
-    @cute.jit
-    def _mma_k_tile(self, tiled_mma, into, tCrA, tCrB, slot_index):
-        """One k-tile's wgmmas from pipeline slot `slot_index` into `into`, as one committed
-        batch (the caller decides how long to let it run)."""
-        cute.nvgpu.warpgroup.fence()
-        for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            slot = (None, None, k_block, slot_index)
-            cute.gemm(tiled_mma, into, tCrA[slot], tCrB[slot], into)
-        cute.nvgpu.warpgroup.commit_group()
-
-    @cute.jit
-    def _epilogue(self, acc, scale, thr_mma, staging, mBias, sBias, mOut, tile, tidx, split, owner):
-        """(scale) + bias -> bf16 -> out, through shared memory when N % 8 == 0."""
-        barrier = EPILOGUE_BARRIER + owner  # the tile's own consumers
-        if cutlass.const_expr(self.aligned_n):
-            if cutlass.const_expr(self.prefetch_bias):
-                cute.arch.cp_async_wait_group(0)  # this thread's bias piece has landed
-            # Every consumer warpgroup's wgmma has retired (the operand slots are free) and,
-            # persistent, has stored the previous tile from the staging buffer; every bias
-            # piece is visible to all consumer threads.
-            cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
-            self._stage(acc, scale, thr_mma, staging, mBias, sBias, mOut, tile)
-            if cutlass.const_expr(self.split_k > 1):
-                cute.arch.cluster_arrive()  # release: this CTA's partial is visible
-                cute.arch.cluster_wait()  # acquire: every peer's partial is
-            else:
-                cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
-            self._store_staged(scale, staging, mBias, mOut, tile, tidx, split)
-        else:
-            self._store_from_registers(acc, scale, thr_mma, mBias, mOut, tile)
-
-    @cute.jit
-    def _epilogue_tma(
-        self, acc, scale, tiled_mma, sBias, tma_epilogue, tile, tidx, owner, tiles_done
-    ):
-        """bf16(acc * scale + bias) -> out by TMA stores, one epi_tile strip at a time:
-        stmatrix into one of this owner's EPI_BUFFERS buffers, fence (the TMA unit reads it
-        through the async proxy), barrier, then one warp issues the store. A buffer is
-        rewritten only after the store issued EPI_BUFFERS strips earlier has read it (bulk
-        wait_group.read before the second barrier), so the stores run under the next strips
-        and the next tile's main loop. TMA clips rows past M and columns past N."""
-        tma_out, mOutTma, sEpi = tma_epilogue
-        barrier = EPILOGUE_BARRIER + owner  # the tile's own consumers
-        tile_m, tile_n = self.tile_shape_mnk[:2]
-        if cutlass.const_expr(self.prefetch_bias):
-            cute.arch.cp_async_wait_group(0)  # this thread's bias piece has landed
-        # Every bias piece is visible to every consumer thread of the tile.
-        cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
-        thr_mma = tiled_mma.get_slice(tidx)
-        tCcTile = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))  # static
-        values = cute.make_rmem_tensor(acc.shape, self.out_dtype)
-        for i in cutlass.range(cute.size(acc), unroll_full=True):
-            bias = Float32(0.0)
-            if cutlass.const_expr(self.has_bias):
-                bias = sBias[tCcTile[i][1]].to(Float32)
-            values[i] = self._epilogue_value(acc[i], scale, bias)
-        atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.out_dtype)
-        r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(atom, tiled_mma))
-        thr_r2s = r2s.get_slice(tidx)
-        tRS_sEpi = thr_r2s.partition_D(sEpi)  # (R2S, R2S_M, R2S_N, buffer)
-        # The retiled fragment is ((R2S, column groups), MMA_M, 1), column groups inner: with a
-        # strip as high as the tiled MMA, strip (m, s) is the per_strip values from
-        # (m * strips_n + s) * per_strip on (a strip as high as the tile would not be
-        # consecutive where MMA_M > 1, as in ping-pong).
-        tRS_rValues = r2s.retile(values)
-        strip = cute.make_rmem_tensor(cute.shape(thr_r2s.partition_S(sEpi))[:3], self.out_dtype)
-        per_strip = cute.size(strip)
-        sStrips, gStrips = cute.nvgpu.cpasync.tma_partition(
-            tma_out,
-            0,
-            cute.make_layout(1),
-            cute.group_modes(sEpi, 0, 2),
-            cute.zipped_divide(cute.local_tile(mOutTma, (tile_m, tile_n), tile), self.epi_tile),
-        )
-        strips_n = tile_n // self.epi_tile[1]
-        strips = tile_m // self.epi_tile[0] * strips_n
-        for s in cutlass.range_constexpr(strips):
-            for v in cutlass.range_constexpr(per_strip):
-                strip[v] = tRS_rValues[s * per_strip + v]
-            buffer = owner * EPI_BUFFERS + (tiles_done * strips + s) % EPI_BUFFERS
-            cute.copy(r2s, strip, tRS_sEpi[(None, None, None, buffer)])
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
-            if cute.arch.make_warp_uniform(tidx // 32) == 0:
-                cute.copy(
-                    tma_out, sStrips[(None, buffer)], gStrips[(None, (s // strips_n, s % strips_n))]
-                )
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(EPI_BUFFERS - 1, read=True)
-            cute.arch.barrier(barrier_id=barrier, number_of_threads=self.tile_threads)
-
     @cute.kernel
     def kernel(
         self,
@@ -930,8 +382,8 @@ class HopperGemm:
         epi_smem: cute.ComposedLayout | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        first, end, step = self._tiles_to_walk(mA, mB)
-        clusters_m, clusters_n = self._cluster_tiles(mA, mB)
+        first, end, step = self.scheduler.tiles_to_walk(mA, mB)
+        clusters_m, clusters_n = self.scheduler.cluster_tiles(mA, mB)
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == self.producer_warp:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
@@ -953,21 +405,7 @@ class HopperGemm:
         # ---- shared memory and the main-loop pipeline ----
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        a_stage_layout = cute.slice_(a_smem, (None, None, 0))
-        b_stage_layout = cute.slice_(b_smem, (None, None, 0))
-        tx_bytes = cute.size_in_bytes(self.ab_dtype, a_stage_layout) + cute.size_in_bytes(
-            self.ab_dtype, b_stage_layout
-        )
-        main_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.pipeline_barriers.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.tile_threads),
-            tx_count=tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
-            enable_multicast_signaling=True,
-            defer_sync=True,
-        )
+        main_pipe = self.mainloop.make_pipeline(storage, a_smem, b_smem, cta_layout_mnk)
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
@@ -975,10 +413,7 @@ class HopperGemm:
         sEpi = None
         if cutlass.const_expr(self.tma_store):
             sEpi = storage.sC.get_tensor(epi_smem.outer, swizzle=epi_smem.inner)
-        tile_k = self.tile_shape_mnk[2]
-        k_total = (mA.shape[1] + (tile_k - 1)) // tile_k
-        k_begin = split * k_total // self.split_k
-        k_tiles = (split + 1) * k_total // self.split_k - k_begin
+        k_begin, k_tiles = self.scheduler.k_split(mA, split)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
         if cutlass.const_expr(self.pdl):
@@ -989,7 +424,7 @@ class HopperGemm:
         if warp >= self.producer_warp:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == self.producer_warp:
-                self._produce(
+                self.mainloop.produce(
                     tma_a,
                     mA,
                     tma_b,
@@ -1013,7 +448,7 @@ class HopperGemm:
             owner = 0  # which of ping-pong's two tile owners this warpgroup is
             if cutlass.const_expr(self.pingpong):
                 owner = warp // 4
-            self._consume(
+            self.mainloop.consume(
                 tiled_mma,
                 sA,
                 sB,

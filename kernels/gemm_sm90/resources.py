@@ -139,3 +139,31 @@ def stages_for(
     owners = 2 if pingpong else 1
     free = SMEM_CAPACITY - owners * (BARRIER_RESERVE + staging)
     return min(MAX_STAGES, free // per_stage)
+
+
+def _align(size: int, alignment: int) -> int:
+    return -(-size // alignment) * alignment
+
+
+def shared_bytes(
+    dtype: str,
+    tile_m: int,
+    tile_n: int,
+    stages: int,
+    persistent: bool = False,
+    pingpong: bool = False,
+    swap_ab: bool = False,
+    aligned_n: bool = True,
+) -> int:
+    """The dynamic shared memory a kernel launches with: launch.py's struct, field by field —
+    2 * stages mbarriers, each tile owner's bf16 bias slice (16-aligned), sA and sB
+    (1024-aligned for the 128-byte swizzle), sC (1024-aligned: each owner's staging_bytes, at
+    least 16 bytes), the whole rounded up to its 1024-byte alignment."""
+    owners = 2 if pingpong else 1
+    tile_k, elem = TILE_K[dtype], ELEMENT_BYTES[dtype]
+    size = _align(2 * stages * 8, 16) + (tile_m if swap_ab else tile_n) * owners * 2
+    size = _align(size, 1024) + stages * tile_m * tile_k * elem
+    size = _align(size, 1024) + stages * tile_n * tile_k * elem
+    staging = owners * staging_bytes(tile_m, tile_n, persistent, swap_ab, pingpong, aligned_n)
+    size = _align(size, 1024) + max(staging, 16)
+    return _align(size, 1024)
