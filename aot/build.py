@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -394,9 +394,13 @@ def _work_folder(out_dir: Path, shard_folder: str | None) -> Iterator[Path]:
     try:
         yield work
         final = out_dir / shard_folder
-        if final.exists():
-            shutil.rmtree(final)
+        # The previous folder is renamed aside, not deleted, until the new one is in place (a
+        # kill in between leaves it under a temporary name the next build reaps).
+        aside = out_dir / temporary_name(f".{shard_folder}", folder=True)
+        with suppress(FileNotFoundError):
+            os.rename(final, aside)
         os.replace(work, final)  # a shard folder is complete or absent
+        shutil.rmtree(aside, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

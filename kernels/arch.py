@@ -14,6 +14,9 @@ SUPPORTED_ARCHS = {
     "sm_103a": (10, 3),
 }
 
+# What cutlass-dsl compiles for when a compile names no GPUArch and no GPU is present (its own
+# default): a served cute.compile of such a call is looked up for it, as it would have compiled.
+DSL_DEFAULT_ARCH = "sm_100a"
 _ARCH_RE = re.compile(r"^sm_?(\d+)([af]?)$")
 
 

@@ -25,6 +25,7 @@ import types
 
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
+from cute_aot.kernels.arch import DSL_DEFAULT_ARCH
 from cute_aot.kernels.recorded import FAMILY, RecordedCallKey, hardware
 from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
 from cute_aot.runtime import policy
@@ -245,7 +246,7 @@ def _resolved(serving, call, why):
 
 
 def _arch(call) -> str:
-    return (call.arch if call is not None else None) or current_gpu_arch() or "sm_100a"
+    return (call.arch if call is not None else None) or current_gpu_arch() or DSL_DEFAULT_ARCH
 
 
 def _kernel_for_this_gpu(call, arch: str):

@@ -256,6 +256,21 @@ def test_cached_rebuild_shards_and_clean_builds_are_byte_identical(
         assert str(tmp_path).encode() not in data  # no absolute paths in a bundle
 
 
+def test_a_shard_built_again_replaces_its_folder_whole_and_leaves_nothing_aside(
+    tmp_path, compile_log
+):
+    """The previous shard folder is renamed aside until the new one is in place, then removed:
+    the job folder holds the one shard folder, rebuilt."""
+    first = fake_build(tmp_path / "job", shard=Shard(0, 2))
+    written = (first.shard_folder / "shard.json").read_bytes()
+    (first.shard_folder / "stale-extra").write_text("from the first build")
+    again = fake_build(tmp_path / "job", shard=Shard(0, 2))
+    assert again.shard_folder == first.shard_folder
+    assert (again.shard_folder / "shard.json").read_bytes() == written
+    assert not (again.shard_folder / "stale-extra").exists()  # replaced whole, not merged into
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [again.shard_folder.name]
+
+
 def _must_not_link(*args, **kwargs):
     raise AssertionError("a no-change rebuild must not link")
 
