@@ -263,16 +263,20 @@ def test_kill_9_while_linking_leaves_nothing_that_the_next_build_keeps(tmp_path,
     assert leftovers(env, out) == []
 
 
+def writing_bundle(out: Path, bundle: str) -> bool:
+    """Whether a build is writing `bundle`: its temporary is there (a build claim's temporary,
+    written and then linked, ends in .tmp too, and comes first)."""
+    return out.exists() and any(
+        p.name.startswith(f".{bundle}.") and p.suffix == ".tmp" for p in out.iterdir()
+    )
+
+
 @pytest.mark.slow
 def test_kill_9_while_writing_the_bundle_leaves_nothing_that_the_next_build_keeps(tmp_path, env):
     out = tmp_path / "bundles"
     build = start(env, out, *ROUTER_SM90, wrap=hold_fsync(60))
     try:
-        wait_for(
-            lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir()),
-            60,
-            "the build to write its bundle",
-        )
+        wait_for(lambda: writing_bundle(out, BUNDLE), 60, "the build to write its bundle")
         os.killpg(build.pid, signal.SIGKILL)
         build.wait(10)
     finally:
@@ -292,9 +296,7 @@ def test_a_build_never_removes_a_live_concurrent_builds_files(tmp_path, env):
     try:
         wait_for(lambda: (gate / "link0").exists(), 60, "a build to link")
         wait_for(
-            lambda: out.exists() and any(p.suffix == ".tmp" for p in out.iterdir()),
-            60,
-            "a build to write its bundle",
+            lambda: writing_bundle(out, "slow-sm_90a.cuteaot"), 60, "a build to write its bundle"
         )
         scratch = [p for p in Path(env["TMPDIR"]).iterdir() if f".pid{linking.pid}@" in p.name]
         assert scratch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,14 +60,18 @@ def test_our_families_capabilities():
 
 def test_an_external_family_has_what_it_defines_without_importing_a_protocol(monkeypatch):
     monkeypatch.syspath_prepend(str(EXTERNAL))
-    from cute_aot_rmsnorm import family
+    try:
+        from cute_aot_rmsnorm import family
 
-    assert type(family).__mro__[1:] == (KernelFamily, object)  # written before the protocols
-    assert capability(family, ModelShapes) is family
-    assert capability(family, TorchModelShapes) is family
-    assert capability(family, TorchReference) is family
-    for absent in (Tuner, TuningCache, Adapter):
-        assert capability(family, absent) is None
+        assert type(family).__mro__[1:] == (KernelFamily, object)  # written before the protocols
+        assert capability(family, ModelShapes) is family
+        assert capability(family, TorchModelShapes) is family
+        assert capability(family, TorchReference) is family
+        for absent in (Tuner, TuningCache, Adapter):
+            assert capability(family, absent) is None
+    finally:  # imported from its source here: later tests import it as installed
+        for name in [m for m in sys.modules if m.split(".")[0] == "cute_aot_rmsnorm"]:
+            del sys.modules[name]
 
 
 @dataclass(frozen=True)

@@ -250,7 +250,7 @@ def test_the_libraries_caches_live_in_a_folder_of_the_process_removed_at_exit(tm
     assert seen["CUTE_DSL_ARCH"] == "sm_103a"  # the profile's, never the DSL's guess
     folder = Path(seen["FLASHINFER_WORKSPACE_BASE"]).parent
     assert (
-        folder.name.startswith("cute-aot-virtual-")
+        folder.name.startswith("cute-aot-virtual.pid")  # atomic.temporary_name's scheme
         and Path(seen["XDG_CACHE_HOME"]).parent == folder
     )
     assert not folder.exists()  # removed when the process ended
