@@ -324,7 +324,8 @@ def tool_process():
     saved = os.environ.get(DISABLE.name)
     os.environ[DISABLE.name] = "1"
     try:
-        yield
+        with scope(**{DISABLE.name: "1"}):  # an in-process override must not undo it here
+            yield
     finally:
         if saved is None:
             os.environ.pop(DISABLE.name, None)
@@ -372,8 +373,15 @@ def terminal_columns() -> str | None:
 
 def environment(names) -> dict[str, str]:
     """name -> value of each of `names` that is set and not empty (the DSL's code-changing
-    variables a record keeps; what `aot-cache env` shows)."""
-    return {name: os.environ[name] for name in names if os.environ.get(name)}
+    variables a record keeps; what `aot-cache env` shows). A setting's value is its reader's,
+    an in-process override (`scope`) included."""
+    declared = {setting.name: setting for setting in SETTINGS}
+    found = {}
+    for name in names:
+        value = declared[name].raw() if name in declared else os.environ.get(name)
+        if value:
+            found[name] = value
+    return found
 
 
 def current() -> dict[str, str | None]:

@@ -37,7 +37,7 @@ from cute_aot.artifacts.errors import (
     UnsupportedProblemError,
 )
 from cute_aot.runtime.misses import record_miss
-from cute_aot.runtime.mode import Mode, current_mode
+from cute_aot.runtime.mode import Mode, current_mode, parse_mode
 from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.registry import REGISTRY
 
@@ -121,13 +121,24 @@ FALL_BACK = "fall back"  # skipped, said once by the caller; its kernels come fr
 IGNORE = "ignore"  # skipped without a word: never meant for this GPU
 
 
-def on_load_failure(kind: str, *, named: bool = False, in_folder: bool = False) -> str:
+def decided_mode(mode: str | Mode | None = None) -> Mode:
+    """The mode a decision is made for: `mode` as given (a tool explaining what a server in that
+    mode would do: `aot-cache explain --mode`), else this process's current one."""
+    if mode is None:
+        return current_mode()
+    return mode if isinstance(mode, Mode) else parse_mode(mode)
+
+
+def on_load_failure(
+    kind: str, *, named: bool = False, in_folder: bool = False, mode: str | Mode | None = None
+) -> str:
     """RAISE, FALL_BACK or IGNORE for a bundle (or bundle source) that failed to load as `kind`.
 
     `named`: the caller named this very file (`load_bundles(path)`): an explicit request that
     cannot be met, so it raises in every mode. `in_folder`: found in a folder, which usually
     ships every architecture. Otherwise mode aot raises (every bundle it is given must serve) and
-    mode auto and jit fall back; a source that does not exist yet never fails.
+    mode auto and jit fall back; a source that does not exist yet never fails. `mode`: decide for
+    that mode instead of the current one.
     """
     if named:
         return RAISE
@@ -135,20 +146,29 @@ def on_load_failure(kind: str, *, named: bool = False, in_folder: bool = False) 
         return IGNORE
     if kind == ABSENT:
         return FALL_BACK
-    return RAISE if current_mode() is Mode.AOT else FALL_BACK
+    return RAISE if prebuilt_only(mode) else FALL_BACK
 
 
 # -- call time ---------------------------------------------------------------------------------
-def bypassed() -> bool:
-    """Whether prebuilt kernels are ignored on purpose (mode jit): the caller compiles."""
-    return current_mode() is Mode.JIT
+def bypassed(mode: str | Mode | None = None) -> bool:
+    """Whether prebuilt kernels are ignored on purpose (mode jit): the caller compiles. `mode`:
+    for that mode instead of the current one."""
+    # current_mode() directly where no mode is named: the served compile's hit path asks this
+    return (current_mode() if mode is None else decided_mode(mode)) is Mode.JIT
+
+
+def prebuilt_only(mode: str | Mode | None = None) -> bool:
+    """Whether only prebuilt kernels may serve (mode aot): a miss, a kernel that fails and a
+    bundle that cannot be loaded raise instead of falling to the next step. `mode`: for that
+    mode instead of the current one."""
+    return (current_mode() if mode is None else decided_mode(mode)) is Mode.AOT
 
 
 def unservable(family: str, key_id: str, arch: str, why: str, subject: tuple, message: str) -> None:
     """A call no prebuilt kernel can serve whatever is loaded (it cannot be described, or no
     kernel fits this hardware): mode aot raises KernelNotFoundError; otherwise `message` is said
     once per `subject` and the caller compiles it as it would without cute-aot."""
-    if current_mode() is Mode.AOT:
+    if prebuilt_only():
         raise KernelNotFoundError(family, key_id, arch, [], detail=f"{why}; mode aot")
     warn_once(subject, message)
 
@@ -193,7 +213,7 @@ def resolve(
         degrade(family, (arch, str(exc)), f"{exc}; {family} runs its torch reference instead")
         return Resolution(reference(), "reference")
 
-    if mode is Mode.JIT:
+    if bypassed(mode):
         count(family, BYPASS)
         if serves_library is not None:
             return Resolution(None, "library")
@@ -204,7 +224,7 @@ def resolve(
     try:
         function = REGISTRY.bundle_function(key.FAMILY, key.id, arch, key)
     except Exception as exc:  # a damaged entry, a library that cannot be read: next step
-        if mode is Mode.AOT:
+        if prebuilt_only(mode):
             raise
         function = None
         degrade(
@@ -216,7 +236,7 @@ def resolve(
     if function is not None:
         count(family, HIT)
         return Resolution(function, "bundle")
-    if mode is Mode.AOT:
+    if prebuilt_only(mode):
         raise REGISTRY.not_found(key, arch)
 
     problem = details() if details is not None else {}
@@ -292,9 +312,11 @@ __all__ = [
     "count",
     "count_target",
     "counters",
+    "decided_mode",
     "degrade",
     "family_count",
     "on_load_failure",
+    "prebuilt_only",
     "reset_counters",
     "reset_targets",
     "resolve",

@@ -1,7 +1,10 @@
+import contextlib
 import os
 import tempfile
 
 import pytest
+
+from cute_aot.artifacts import settings
 
 
 def pytest_configure(config):
@@ -81,16 +84,39 @@ def fake_gpu():
 
 
 @pytest.fixture
-def fresh_runtime(tmp_path, monkeypatch):
-    """A clean process-wide runtime with its own cache dir and miss log."""
+def settings_scope():
+    """`settings_scope(CUTE_AOT_MODE="aot", ...)`: settings for the rest of the test, in this
+    process only (settings.scope; None: unset), all undone when it ends. A child process sees
+    only the environment: give it `child_env()`, or set the variable with monkeypatch."""
+    with contextlib.ExitStack() as scopes:
+        yield lambda **values: scopes.enter_context(settings.scope(**values))
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process that must see this test's settings: os.environ with
+    every setting as this process reads it (scoped overrides included; unset ones left out),
+    then `extra`."""
+    names = {setting.name for setting in settings.SETTINGS}
+    env = {name: value for name, value in os.environ.items() if name not in names}
+    env.update({name: value for name, value in settings.current().items() if value})
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def fresh_runtime(tmp_path, settings_scope):
+    """A clean process-wide runtime with its own cache dir and miss log (in this process: a
+    child that must share them gets `child_env()`)."""
     from cute_aot.runtime import REGISTRY, jit, policy, set_mode
     from cute_aot.runtime.misses import forget_recorded
     from cute_aot.runtime.notices import forget
 
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("CUTE_AOT_BUNDLES", raising=False)
-    monkeypatch.delenv("CUTE_AOT_MISS_LOG", raising=False)
-    monkeypatch.delenv("CUTE_AOT_MODE", raising=False)
+    settings_scope(
+        CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"),
+        CUTE_AOT_BUNDLES=None,
+        CUTE_AOT_MISS_LOG=None,
+        CUTE_AOT_MODE=None,
+    )
     REGISTRY.clear()
     jit.forget_compiled()
     set_mode(None)

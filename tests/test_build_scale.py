@@ -39,6 +39,7 @@ from cute_aot.kernels import family
 from cute_aot.kernels.router_gemm import RouterGemmKey, dispatch
 
 FAIL_M, CRASH_M = 13, 14  # stand-in keys with these token counts raise / kill their worker
+# The stand-in worker's own variable, no setting: spawned workers read it from the environment.
 COMPILE_LOG_ENV = "CUTE_AOT_TEST_COMPILE_LOG"
 
 
@@ -378,13 +379,13 @@ def test_cache_digest_changes_with_what_changes_the_object(tmp_path):
     assert bundle != cache.bundle_digest("n", "sm_90a", "1.0", [row], {"f": {"digest": "1"}})
 
 
-def test_default_cache_root_follows_the_runtime_cache_dir(monkeypatch, tmp_path):
+def test_default_cache_root_follows_the_runtime_cache_dir(monkeypatch, settings_scope, tmp_path):
     from cute_aot.artifacts.settings import cache_dir
 
-    monkeypatch.delenv("CUTE_AOT_CACHE_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    settings_scope(CUTE_AOT_CACHE_DIR=None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # another program's variable
     assert default_cache_root() == cache_dir() / "build"
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "mine"))
+    settings_scope(CUTE_AOT_CACHE_DIR=str(tmp_path / "mine"))
     assert default_cache_root() == cache_dir() / "build" == tmp_path / "mine" / "build"
 
 
@@ -567,9 +568,11 @@ def test_cli_reports_a_failed_key_and_exits_non_zero_unless_allowed(tmp_path):
 
 
 @pytest.mark.slow
-def test_aot_build_shards_merge_cache_and_reproducibility_with_real_kernels(tmp_path, monkeypatch):
+def test_aot_build_shards_merge_cache_and_reproducibility_with_real_kernels(
+    tmp_path, settings_scope
+):
     """The issue's acceptance checks in miniature: 3 small real keys on two architectures."""
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
+    settings_scope(CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"))  # the build cache: aot-build's own
     keys = [
         ("sm_90a", dispatch(1, 8, 256, "sm_90a")),
         ("sm_90a", dispatch(2, 8, 512, "sm_90a")),

@@ -297,7 +297,7 @@ def test_a_wheel_whose_folder_is_missing_is_skipped_with_one_warning(wheels, tmp
 
 
 def test_cute_aot_bundles_come_before_wheels(
-    stub_bundles, wheels, tmp_path, monkeypatch, fresh_runtime
+    stub_bundles, wheels, tmp_path, monkeypatch, settings_scope, fresh_runtime
 ):
     from cute_aot.runtime import REGISTRY
 
@@ -306,7 +306,7 @@ def test_cute_aot_bundles_come_before_wheels(
         extract(path, site_dir)
     monkeypatch.syspath_prepend(str(site_dir))
     explicit = shutil.copytree(stub_bundles[0], tmp_path / "explicit")
-    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(explicit))
+    settings_scope(CUTE_AOT_BUNDLES=str(explicit))
     wheel_folders = [str(site_dir / f"cute_aot_bundle_e2e_{a}") for a in ("sm100a", "sm90a")]
     assert sources.environment_sources() == [str(explicit), *wheel_folders]
 

@@ -41,11 +41,15 @@ DOT, SPLITK = PROBLEMS  # (2, 256, 4096) -> dot-product key, (12, 256, 7168) -> 
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """Own cache dir and miss log, no bundles from the environment, wide tables."""
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("CUTE_AOT_BUNDLES", "CUTE_AOT_MISS_LOG", "CUTE_AOT_MODE"):
-        monkeypatch.delenv(name, raising=False)
+def isolated(tmp_path, monkeypatch, settings_scope):
+    """Own cache dir and miss log, no bundles from the environment (in this process: the
+    commands run through CliRunner), wide tables."""
+    settings_scope(
+        CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"),
+        CUTE_AOT_BUNDLES=None,
+        CUTE_AOT_MISS_LOG=None,
+        CUTE_AOT_MODE=None,
+    )
     monkeypatch.setenv("COLUMNS", "250")
     return tmp_path / "cache"
 
@@ -140,10 +144,9 @@ def test_ls_in_a_pipe_keeps_every_path_whole(bundles, tmp_path):
     assert "sm_90a" in row
 
 
-def test_ls_creates_no_overlay_key(bundles, tmp_path, monkeypatch):
+def test_ls_creates_no_overlay_key(bundles, tmp_path):
     """Listing reads; with an empty overlay it fingerprints nothing, so the overlay's signing
     key (made on first use by a JIT publish) is not created as a side effect of `ls`."""
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
     folder, _ = bundles
     listing = run_json("ls", folder)
     assert listing["overlay"] == [] and len(listing["bundles"]) == 2
@@ -151,9 +154,9 @@ def test_ls_creates_no_overlay_key(bundles, tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()
 
 
-def test_ls_reads_cute_aot_bundles_and_shows_the_overlay(bundles, monkeypatch):
+def test_ls_reads_cute_aot_bundles_and_shows_the_overlay(bundles, settings_scope):
     folder, by_arch = bundles
-    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(by_arch["sm_90a"]))
+    settings_scope(CUTE_AOT_BUNDLES=str(by_arch["sm_90a"]))
     key = dispatch(3, 128, 2880, "sm_90a")
     published = overlay.overlay_path(key, "sm_90a")
     published.parent.mkdir(parents=True)
@@ -616,10 +619,10 @@ def test_diff_reports_added_removed_and_changed_keys(bundles, tmp_path):
 
 
 # -- misses --------------------------------------------------------------------------------------
-def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, monkeypatch):
+def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, settings_scope):
     folder, _ = bundles
     log = tmp_path / "misses.jsonl"
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(log))
+    settings_scope(CUTE_AOT_MISS_LOG=str(log))
     missed = [(3, 128, 2880, "sm_90a")] * 3 + [(2, 128, 2880, "sm_90a"), (3, 128, 2880, "sm_100a")]
     missed += [(*SPLITK, "sm_90a")]  # a key the bundles hold (an older release missed it)
     for m, n, k, arch in missed:
@@ -752,10 +755,9 @@ def test_gc_rejects_bad_sizes_and_ages():
 
 
 # -- env -----------------------------------------------------------------------------------------
-def test_env_reports_versions_paths_and_mode(isolated, monkeypatch, bundles):
+def test_env_reports_versions_paths_and_mode(isolated, settings_scope, bundles):
     folder, _ = bundles
-    monkeypatch.setenv("CUTE_AOT_MODE", "aot")
-    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(folder))
+    settings_scope(CUTE_AOT_MODE="aot", CUTE_AOT_BUNDLES=str(folder))
     report = run_json("env")
     assert report["mode"] == "aot" and report["mode_source"] == "CUTE_AOT_MODE"
     assert report["paths"]["cache_dir"] == str(isolated)

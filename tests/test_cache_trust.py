@@ -232,12 +232,12 @@ def test_cache_signatures_never_pass_for_manifest_signatures(keys):
 
 
 @pytest.fixture
-def aot_build(tmp_path, monkeypatch):
+def aot_build(tmp_path, monkeypatch, settings_scope):
     """`aot-build --from-misses <PLAN's keys> ARGS...` with the stand-in compile worker."""
     monkeypatch.setattr(
         build_command, "run_build", functools.partial(run_build, worker=fake_compile)
     )
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "default-cache"))
+    settings_scope(CUTE_AOT_CACHE_DIR=str(tmp_path / "default-cache"))
     log = tmp_path / "misses.jsonl"
     log.write_text(
         "".join(

@@ -10,7 +10,6 @@ import textwrap
 import pytest
 
 from cute_aot import kernels
-from cute_aot.artifacts import settings
 from cute_aot.artifacts.atomic import publish_once
 from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, overlay
@@ -180,7 +179,7 @@ def test_overlay_entries_are_signed_with_a_private_per_user_key(fresh_runtime):
 
 
 def test_unsigned_overlay_entries_need_a_private_folder_and_no_signature_policy(
-    fresh_runtime, monkeypatch
+    fresh_runtime, settings_scope
 ):
     from cute_aot.artifacts.errors import SignatureError
 
@@ -190,16 +189,16 @@ def test_unsigned_overlay_entries_need_a_private_folder_and_no_signature_policy(
     with pytest.raises(SignatureError, match="folder other users can write"):
         overlay.check_trust(path, manifest)
     path.parent.chmod(0o755)
-    monkeypatch.setenv("CUTE_AOT_REQUIRE_SIGNATURE", "1")
+    settings_scope(CUTE_AOT_REQUIRE_SIGNATURE="1")
     with pytest.raises(SignatureError, match="unsigned overlay entry and CUTE_AOT_REQUIRE"):
         overlay.check_trust(path, manifest)
 
 
-def test_an_overlay_entry_signed_by_another_key_is_refused(fresh_runtime, monkeypatch, tmp_path):
+def test_an_overlay_entry_signed_by_another_key_is_refused(fresh_runtime, settings_scope, tmp_path):
     from cute_aot.artifacts.errors import SignatureError
 
     path, manifest = _entry(fresh_runtime, sign=True)
-    monkeypatch.setenv(settings.OVERLAY_KEY.name, str(tmp_path / "another-hosts-key.pem"))
+    settings_scope(CUTE_AOT_OVERLAY_KEY=str(tmp_path / "another-hosts-key.pem"))
     overlay._signing_key.cache_clear()
     try:
         with pytest.raises(SignatureError, match="not trusted"):

@@ -147,7 +147,9 @@ def test_jit_mode_without_cutlass_raises_a_typed_error(router_op, monkeypatch):
         router_op.resolve(PROBLEM, GPU)
 
 
-def test_a_second_thread_waits_for_the_bundles_of_the_environment(fresh_runtime, monkeypatch):
+def test_a_second_thread_waits_for_the_bundles_of_the_environment(
+    fresh_runtime, monkeypatch, settings_scope
+):
     """Bug 4: while one thread loads CUTE_AOT_BUNDLES, another must not find an empty registry."""
     key = ROUTER.dispatch(PROBLEM, ARCH).key
     kernel = object()
@@ -160,7 +162,7 @@ def test_a_second_thread_waits_for_the_bundles_of_the_environment(fresh_runtime,
         return []
 
     monkeypatch.setattr(REGISTRY, "_load", slow_load)
-    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(fresh_runtime.parent))
+    settings_scope(CUTE_AOT_BUNDLES=str(fresh_runtime.parent))  # the other thread reads it too
     loader = threading.Thread(target=REGISTRY.load_from_env)
     loader.start()
     assert started.wait(5)

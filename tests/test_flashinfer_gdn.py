@@ -186,10 +186,10 @@ def test_mode_aot_refuses_a_kernel_no_bundle_holds(flashinfer_on_cpu, fresh_runt
 
 
 def test_mode_auto_lets_flashinfer_compile_and_records_the_miss(
-    flashinfer_on_cpu, fresh_runtime, monkeypatch, tmp_path
+    flashinfer_on_cpu, fresh_runtime, monkeypatch, settings_scope, tmp_path
 ):
     log = tmp_path / "misses.jsonl"
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(log))
+    settings_scope(CUTE_AOT_MISS_LOG=str(log))
     flashinfers_own = RecordingKernel("flashinfer")
     monkeypatch.setattr(
         flashinfer_gdn, "build_and_load_cute_dsl_kernel", lambda *a, **k: flashinfers_own

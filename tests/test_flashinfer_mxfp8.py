@@ -272,13 +272,13 @@ def test_keys_from_flashinfers_autotune_cache(tmp_path):
 
 # -- 5. the patched cache, by mode -----------------------------------------------------------------
 @pytest.fixture
-def patched_cache(fresh_runtime, monkeypatch, tmp_path):
+def patched_cache(fresh_runtime, monkeypatch, settings_scope, tmp_path):
     from flashinfer.gemm import gemm_base
 
     from cute_aot.runtime import flashinfer as served
 
     install_device_doubles(monkeypatch)
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(tmp_path / "misses.jsonl"))
+    settings_scope(CUTE_AOT_MISS_LOG=str(tmp_path / "misses.jsonl"))
     original = getattr(gemm_base, mx.CACHE_DICT)
     assert served.install(["flashinfer_mxfp8_gemm"]) == {"flashinfer_mxfp8_gemm": "installed"}
     try:

@@ -513,12 +513,12 @@ def test_mode_aot_refuses_a_kernel_the_bundle_lacks(gpu, fresh_runtime, tmp_path
 
 
 def test_mode_auto_lets_flashinfer_compile_and_records_the_miss_once(
-    gpu, fresh_runtime, monkeypatch, tmp_path
+    gpu, fresh_runtime, settings_scope, tmp_path
 ):
     from cute_aot.runtime import load_bundles
 
     log = tmp_path / "misses.jsonl"
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(log))
+    settings_scope(CUTE_AOT_MISS_LOG=str(log))
     (bundle,) = _stub_bundle(tmp_path, {"sm_100a": family.enumerate_keys("sm_100a")})
     load_bundles(bundle, gpu_arch="sm_100a")
     serve_flashinfer.install(["flashinfer_tgv_gemm"])

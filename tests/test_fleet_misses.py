@@ -191,12 +191,16 @@ def test_an_unreachable_store_costs_one_warning_and_no_exit_status(aws_env):
     assert "miss log s3://fleet/misses/gpu-c-" in result["stderr"]
 
 
-def test_a_failed_write_is_retried_at_the_next_interval(fresh_runtime, monkeypatch, tmp_path):
+def test_a_failed_write_is_retried_at_the_next_interval(
+    fresh_runtime, monkeypatch, settings_scope, tmp_path
+):
     blocker = tmp_path / "not-yet"  # a file where the folder should be: every write fails
     blocker.write_text("")
     monkeypatch.setattr(process_files, "FLUSH_INTERVAL_S", 0.05)
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", f"{blocker}/")
-    monkeypatch.setenv("CUTE_AOT_HOST", "gpu d/../e")  # made safe for a file name
+    settings_scope(
+        CUTE_AOT_MISS_LOG=f"{blocker}/",
+        CUTE_AOT_HOST="gpu d/../e",  # made safe for a file name
+    )
     key = ROUTER.dispatch(ROUTER.parse_problem(SHARED), "sm_90a").key
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

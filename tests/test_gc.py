@@ -24,8 +24,8 @@ FINGERPRINT = "0123456789abcdef01234567"  # an overlay folder; no test here asks
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
+def cache(tmp_path, monkeypatch, settings_scope) -> Path:
+    settings_scope(CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"))
     monkeypatch.setenv("COLUMNS", "250")
     return tmp_path / "cache"
 

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cute_aot.artifacts import bundle as bundle_format
-from cute_aot.artifacts import settings, signing
+from cute_aot.artifacts import signing
 from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
 from cute_aot.artifacts.elf import read_dynamic
 from cute_aot.artifacts.errors import (
@@ -130,10 +130,10 @@ def no_dlopen(monkeypatch):
 
 
 @pytest.fixture
-def trust_env(monkeypatch):
-    monkeypatch.delenv(settings.TRUSTED_KEYS.name, raising=False)
-    monkeypatch.delenv(settings.REQUIRE_SIGNATURE.name, raising=False)
-    return monkeypatch
+def trust_env(settings_scope):
+    """No trusted keys and no signature required; returns `settings_scope` to set them."""
+    settings_scope(CUTE_AOT_TRUSTED_KEYS=None, CUTE_AOT_REQUIRE_SIGNATURE=None)
+    return settings_scope
 
 
 def raw_container(raw_manifest: bytes, payload: bytes, version=None, reserved=0) -> bytes:
@@ -219,8 +219,16 @@ def gcc_library(tmp_path: Path, symbols: list[str], needed=(), runpath=None) -> 
 
 # -- the matrix ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Patches:
+    """What a case changes for its test: attributes and modules, and settings (in-process)."""
+
+    monkeypatch: pytest.MonkeyPatch
+    settings: Callable  # the settings_scope fixture
+
+
+@dataclass(frozen=True)
 class Case:
-    make: Callable  # (tmp_path, good, keys, monkeypatch) -> bytes of the bad bundle file
+    make: Callable  # (tmp_path, good, keys, Patches) -> bytes of the bad bundle file
     error: type[BundleError]
     message: str  # regex the error's message must match
     gpu_arch: str = ARCH
@@ -258,9 +266,10 @@ def _signed(good: Good, key: Ed25519PrivateKey, **changes) -> bytes:
     return raw_container(tampered.to_json(), good.payload)
 
 
-def _require(monkeypatch, keys: Keys, trusted: Path | None = None) -> None:
-    monkeypatch.setenv(settings.REQUIRE_SIGNATURE.name, "1")
-    monkeypatch.setenv(settings.TRUSTED_KEYS.name, str(trusted or keys.release_pub))
+def _require(settings_scope, keys: Keys, trusted: Path | None = None) -> None:
+    settings_scope(
+        CUTE_AOT_REQUIRE_SIGNATURE="1", CUTE_AOT_TRUSTED_KEYS=str(trusted or keys.release_pub)
+    )
 
 
 def _other_key(good: Good):
@@ -544,32 +553,36 @@ MATRIX: dict[str, Case] = {
         "carries a RUNPATH",
     ),
     "libtvm_ffi missing (tvm-ffi not installed)": Case(
-        lambda t, g, k, m: m.setitem(sys.modules, "tvm_ffi", None) or g.data,
+        lambda t, g, k, m: m.monkeypatch.setitem(sys.modules, "tvm_ffi", None) or g.data,
         MissingLibraryError,
         "needs apache-tvm-ffi",
     ),
     "needed library not resolvable": Case(
-        lambda t, g, k, m: _unresolvable(m) or g.data,
+        lambda t, g, k, m: _unresolvable(m.monkeypatch) or g.data,
         MissingLibraryError,
         "needs libtvm_ffi.so, which is not found on this machine",
     ),
     "glibc too old for the library": Case(
-        lambda t, g, k, m: m.setattr(loader, "_glibc_version", lambda: (2, 17)) or g.data,
+        lambda t, g, k, m: (
+            m.monkeypatch.setattr(loader, "_glibc_version", lambda: (2, 17)) or g.data
+        ),
         IncompatibleBundleError,
         r"needs GLIBC_2\.\d+, this machine has glibc 2\.17",
     ),
     # trust
     "unsigned, signature required": Case(
-        lambda t, g, k, m: _require(m, k) or g.data,
+        lambda t, g, k, m: _require(m.settings, k) or g.data,
         SignatureError,
         "not signed and CUTE_AOT_REQUIRE_SIGNATURE",
     ),
     "signed by an untrusted key": Case(
-        lambda t, g, k, m: _require(m, k) or _signed(g, k.stranger), SignatureError, "not trusted"
+        lambda t, g, k, m: _require(m.settings, k) or _signed(g, k.stranger),
+        SignatureError,
+        "not trusted",
     ),
     "signed, then tampered": Case(
         lambda t, g, k, m: (
-            m.setenv(settings.TRUSTED_KEYS.name, str(k.release_pub))
+            m.settings(CUTE_AOT_TRUSTED_KEYS=str(k.release_pub))
             or _signed(g, k.release, bundle_version="9.9.9")
         ),
         SignatureError,
@@ -577,7 +590,7 @@ MATRIX: dict[str, Case] = {
     ),
     "malformed signature record": Case(
         lambda t, g, k, m: (
-            _require(m, k)
+            _require(m.settings, k)
             or edited_json(
                 g, lambda d: d.update(signature={"algorithm": "rsa", "key_id": "x", "value": "y"})
             )
@@ -607,10 +620,10 @@ def _write(tmp_path: Path, data: bytes, name: str = f"bad-{ARCH}.cuteaot") -> Pa
 
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_corruption_is_a_typed_error_before_any_dlopen(
-    name, good, keys, tmp_path, fresh_runtime, trust_env, no_dlopen
+    name, good, keys, tmp_path, fresh_runtime, trust_env, no_dlopen, monkeypatch
 ):
     case = MATRIX[name]
-    path = _write(tmp_path, case.make(tmp_path, good, keys, trust_env))
+    path = _write(tmp_path, case.make(tmp_path, good, keys, Patches(monkeypatch, trust_env)))
     with pytest.raises(case.error, match=case.message) as info:
         open_bundle(path, case.gpu_arch)
     assert str(path) in str(info.value)  # the error names the file
@@ -621,14 +634,14 @@ def test_corruption_is_a_typed_error_before_any_dlopen(
 
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_auto_mode_skips_a_bad_bundle_with_one_warning_and_falls_back(
-    name, good, keys, tmp_path, fresh_runtime, trust_env, no_dlopen
+    name, good, keys, tmp_path, fresh_runtime, trust_env, no_dlopen, monkeypatch
 ):
     case = MATRIX[name]
-    path = _write(tmp_path, case.make(tmp_path, good, keys, trust_env))
-    trust_env.setenv("CUTE_AOT_BUNDLES", str(path))
-    trust_env.setattr(registry, "current_gpu_arch", lambda: case.gpu_arch)
+    path = _write(tmp_path, case.make(tmp_path, good, keys, Patches(monkeypatch, trust_env)))
+    trust_env(CUTE_AOT_BUNDLES=str(path))
+    monkeypatch.setattr(registry, "current_gpu_arch", lambda: case.gpu_arch)
     compiled = object()
-    trust_env.setattr(jit, "compiled_function", lambda key, arch, publish: compiled)
+    monkeypatch.setattr(jit, "compiled_function", lambda key, arch, publish: compiled)
     key = family("router_gemm").Key.from_fields(good.manifest.entries[0].key)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -644,10 +657,10 @@ def test_auto_mode_skips_a_bad_bundle_with_one_warning_and_falls_back(
 
 
 def test_aot_mode_raises_on_a_bad_bundle_in_the_bundle_path(
-    good, tmp_path, fresh_runtime, monkeypatch
+    good, tmp_path, fresh_runtime, settings_scope
 ):
     path = _write(tmp_path, flip(good.data, len(good.data) - 1000))
-    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(path.parent))
+    settings_scope(CUTE_AOT_BUNDLES=str(path.parent))
     set_mode("aot")
     with pytest.raises(BundleIntegrityError, match="payload hash mismatch"):
         REGISTRY.load_from_env()
@@ -866,8 +879,7 @@ def test_sign_and_verify(good, keys, tmp_path, trust_env, fresh_runtime):
     )
     assert "NOT VERIFIED" in signing.describe_signature(signed, {})
     assert signing.describe_signature(good.manifest, trusted) is None
-    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, "1")
-    trust_env.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub.parent))
+    trust_env(CUTE_AOT_REQUIRE_SIGNATURE="1", CUTE_AOT_TRUSTED_KEYS=str(keys.release_pub.parent))
     bundle = open_bundle(path, ARCH)
     assert bundle.signer is not None and bundle.signer.key_id == key_id
 
@@ -902,7 +914,7 @@ def test_unknown_signer_loads_as_unsigned_when_not_required(
     good, keys, tmp_path, trust_env, fresh_runtime
 ):
     path = _write(tmp_path, _signed(good, keys.stranger))
-    trust_env.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub))
+    trust_env(CUTE_AOT_TRUSTED_KEYS=str(keys.release_pub))
     with pytest.warns(
         RuntimeWarning, match="not in CUTE_AOT_TRUSTED_KEYS; loading it as an unsigned"
     ):
@@ -914,7 +926,7 @@ def test_required_signature_without_trusted_keys_refuses_everything(
     good, keys, tmp_path, trust_env, no_dlopen
 ):
     path = _write(tmp_path, _signed(good, keys.release))
-    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, "yes")
+    trust_env(CUTE_AOT_REQUIRE_SIGNATURE="yes")
     with pytest.raises(SignatureError, match="CUTE_AOT_TRUSTED_KEYS is empty"):
         open_bundle(path, ARCH)
 
@@ -924,7 +936,7 @@ def test_required_signature_without_trusted_keys_refuses_everything(
     [("", False), ("0", False), ("off", False), ("1", True), ("true", True), ("typo", True)],
 )
 def test_require_signature_values(value, required, trust_env):
-    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, value)
+    trust_env(CUTE_AOT_REQUIRE_SIGNATURE=value)
     assert signing.signature_required() is required
 
 
@@ -987,8 +999,7 @@ def test_aot_build_sign_key_signs_what_it_writes(keys, tmp_path, fresh_runtime, 
     (path,) = out.glob("*.cuteaot")
     manifest = read_manifest(path)
     assert "signed" in result.output and manifest.signature["key_id"] in result.output
-    trust_env.setenv(settings.REQUIRE_SIGNATURE.name, "1")
-    trust_env.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub))
+    trust_env(CUTE_AOT_REQUIRE_SIGNATURE="1", CUTE_AOT_TRUSTED_KEYS=str(keys.release_pub))
     assert open_bundle(path, ARCH).signer.key_id == manifest.signature["key_id"]
     bad = CliRunner().invoke(main, [*args, "--sign-key", str(keys.release_pub)])  # cached build
     assert bad.exit_code == 1 and "not a PEM private key" in bad.output
@@ -1045,7 +1056,7 @@ def test_a_copy_others_could_have_written_is_verified_again(weaken, good, tmp_pa
     assert open_bundle(good.path, ARCH).key_class is None  # the full path, keys derived at open
 
 
-def test_reverify_verifies_every_load(good, tmp_path, fresh_runtime, monkeypatch):
+def test_reverify_verifies_every_load(good, tmp_path, fresh_runtime, settings_scope):
     from cute_aot.runtime import loader
 
     open_bundle(good.path, ARCH)
@@ -1053,7 +1064,7 @@ def test_reverify_verifies_every_load(good, tmp_path, fresh_runtime, monkeypatch
     damaged = _write(tmp_path, flip(good.data, len(good.data) - 1000))  # payload, not manifest
     # the library it names was verified already: what would run is exactly that library
     assert open_bundle(damaged, ARCH).library_path == str(_library_copy(fresh_runtime, good))
-    monkeypatch.setenv(settings.REVERIFY.name, "1")
+    settings_scope(CUTE_AOT_REVERIFY="1")
     with pytest.raises(BundleIntegrityError, match="payload hash mismatch"):
         open_bundle(damaged, ARCH)
 

@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cute_aot.artifacts import settings as cute_aot_settings
 from cute_aot.artifacts.bundle import SYMBOL_RE
 from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
 from cute_aot.artifacts.manifest import Entry, Manifest
@@ -396,8 +397,7 @@ def kernels(small_bundles, tmp_path_factory):
     from cute_aot.runtime.loader import open_bundle
 
     _, paths, plan = small_bundles
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    with cute_aot_settings.scope(CUTE_AOT_CACHE_DIR=str(tmp_path_factory.mktemp("cache"))):
         bundle = open_bundle(next(p for p in paths if "sm_90a" in p.name), "sm_90a")
     return {key: bundle.function(key.id) for key in plan["sm_90a"]}
 

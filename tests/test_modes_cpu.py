@@ -25,14 +25,14 @@ ARCH = "sm_90a"
 MISS_KEY = dispatch(1, 128, 2880, ARCH)
 
 
-def test_mode_from_env_and_api(monkeypatch, fresh_runtime):
+def test_mode_from_env_and_api(settings_scope, fresh_runtime):
     assert current_mode() is Mode.AUTO
-    monkeypatch.setenv("CUTE_AOT_MODE", "AOT")
+    settings_scope(CUTE_AOT_MODE="AOT")
     assert current_mode() is Mode.AOT
     set_mode("jit")
     assert current_mode() is Mode.JIT
     set_mode(None)
-    monkeypatch.setenv("CUTE_AOT_MODE", "sometimes")
+    settings_scope(CUTE_AOT_MODE="sometimes")
     with pytest.raises(CuteAotError, match="unknown cute-aot mode 'sometimes'"):
         current_mode()
 
@@ -145,14 +145,14 @@ def test_stale_bundle_aot_mode_is_an_error(fresh_runtime, stub_bundles, tmp_path
         REGISTRY.load(stale, gpu_arch=ARCH)
 
 
-def test_unwritable_cache_dir_still_loads_from_memory(stub_bundles, monkeypatch, tmp_path):
+def test_unwritable_cache_dir_still_loads_from_memory(stub_bundles, settings_scope, tmp_path):
     from cute_aot.runtime.loader import open_bundle
     from cute_aot.runtime.notices import forget
 
     forget()
     blocker = tmp_path / "file"
     blocker.write_text("a file where a folder should be")
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(blocker / "cache"))
+    settings_scope(CUTE_AOT_CACHE_DIR=str(blocker / "cache"))
     _, paths, plan = stub_bundles
     sm90 = next(p for p in paths if "sm_90a" in p.name)
     with pytest.warns(RuntimeWarning, match="cannot hold verified libraries.*temporary files"):
@@ -163,13 +163,13 @@ def test_unwritable_cache_dir_still_loads_from_memory(stub_bundles, monkeypatch,
     assert type(bundle.function(plan[ARCH][0].id)).__name__ == "Function"  # a TVM-FFI function
 
 
-def test_unwritable_miss_log_warns_once(monkeypatch, tmp_path):
+def test_unwritable_miss_log_warns_once(settings_scope, tmp_path):
     from cute_aot.runtime.notices import forget
 
     forget()
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(blocker / "misses.jsonl"))
+    settings_scope(CUTE_AOT_MISS_LOG=str(blocker / "misses.jsonl"))
     with pytest.warns(RuntimeWarning, match="cannot write the miss log"):
         record_miss(MISS_KEY, ARCH, {})
     with warnings.catch_warnings():

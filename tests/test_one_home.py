@@ -269,12 +269,12 @@ def test_tuning_results_use_the_one_json_lines_reader_and_appender(tmp_path):
     assert sorted(key_id for _, key_id in again.done) == ["k1", "k2"]
 
 
-def test_each_setting_s_default_is_a_value_its_reader_takes(monkeypatch):
+def test_each_setting_s_default_is_a_value_its_reader_takes(settings_scope):
     from cute_aot.artifacts import settings
     from cute_aot.runtime.mode import Mode, current_mode
 
+    settings_scope(**{setting.name: None for setting in settings.SETTINGS})
     for setting in settings.SETTINGS:
-        monkeypatch.delenv(setting.name, raising=False)
         # a value, or none and what applies then said in words (never both)
         assert setting.default is None or setting.when_unset is None, setting
     assert settings.mode_name() == settings.MODE.default == "auto"
@@ -290,16 +290,16 @@ def test_each_setting_s_default_is_a_value_its_reader_takes(monkeypatch):
     assert settings.CACHE_DIR.default is None and settings.CACHE_DIR.unset_text.startswith("$XDG")
 
 
-def test_a_value_a_setting_s_kind_does_not_take_is_an_error_naming_it(monkeypatch):
+def test_a_value_a_setting_s_kind_does_not_take_is_an_error_naming_it(settings_scope):
     from cute_aot.artifacts import settings
 
-    monkeypatch.setenv("CUTE_AOT_REVERIFY", "ture")
+    settings_scope(CUTE_AOT_REVERIFY="ture")
     with pytest.raises(settings.SettingError, match="CUTE_AOT_REVERIFY='ture' is not a flag"):
         settings.reverify()
-    monkeypatch.setenv("CUTE_AOT_REVERIFY", " Yes ")
+    settings_scope(CUTE_AOT_REVERIFY=" Yes ")
     assert settings.reverify() is True
     # fails closed: a typo must not turn signature checks off, and it is said
-    monkeypatch.setenv("CUTE_AOT_REQUIRE_SIGNATURE", "ture")
+    settings_scope(CUTE_AOT_REQUIRE_SIGNATURE="ture")
     with pytest.warns(RuntimeWarning, match="CUTE_AOT_REQUIRE_SIGNATURE='ture'"):
         assert settings.signature_required() is True
     with settings.scope(CUTE_AOT_MODE="sometimes"):

@@ -27,6 +27,7 @@ import pytest
 from cute_aot.artifacts import atomic
 from cute_aot.artifacts.atomic import Claimed, claimed, remove_dead_leftovers
 from tests import test_integrity, test_remote_bundles
+from tests.conftest import child_env
 from tests.test_remote_bundles import RANK, _cached, http_store, signed, trusted
 
 keys = test_integrity.keys  # fixtures of other modules, found by pytest under these names
@@ -160,6 +161,7 @@ def test_a_fetcher_killed_mid_download_is_taken_over_at_once(http_store, signed,
     (tmp_path / "go").touch()
     first = subprocess.Popen(
         [sys.executable, "-c", RANK, url, str(tmp_path / "ready"), str(tmp_path / "go")],
+        env=child_env(),  # this test's cache dir and trusted keys (`trusted`, set in-process)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -209,6 +209,20 @@ def test_load_failures_by_kind_and_mode(kind, mode, fresh_runtime):
     assert in_folder == (policy.IGNORE if kind == policy.OTHER_ARCH else ON_LOAD[kind][mode])
 
 
+@pytest.mark.parametrize("mode", ["auto", "aot", "jit"])
+def test_a_named_mode_is_decided_whatever_the_current_one(mode, fresh_runtime):
+    """What `aot-cache explain --mode` asks: the same table, for a mode this process is not in."""
+    for current in ("auto", "aot", "jit"):
+        set_mode(current)
+        for kind in KINDS:
+            assert policy.on_load_failure(kind, mode=mode) == ON_LOAD[kind][mode]
+            assert policy.on_load_failure(kind, named=True, mode=mode) == R
+        assert policy.bypassed(mode) is (mode == "jit")
+        assert policy.prebuilt_only(mode) is (mode == "aot")
+        assert policy.decided_mode(mode).value == mode
+        assert policy.decided_mode().value == current
+
+
 @pytest.mark.parametrize(
     "mode, case, outcome",
     [
@@ -224,7 +238,7 @@ def test_load_failures_by_kind_and_mode(kind, mode, fresh_runtime):
     ],
 )
 def test_the_registry_loads_by_the_policy(
-    mode, case, outcome, fresh_runtime, stub_bundles, tmp_path, monkeypatch
+    mode, case, outcome, fresh_runtime, stub_bundles, tmp_path, settings_scope
 ):
     _, paths, _ = stub_bundles
     sm90 = next(p for p in paths if ARCH in p.name)
@@ -251,7 +265,7 @@ def test_the_registry_loads_by_the_policy(
 
     def load():
         if case.startswith("missing"):
-            monkeypatch.setenv("CUTE_AOT_BUNDLES", str(tmp_path / "not-mounted"))
+            settings_scope(CUTE_AOT_BUNDLES=str(tmp_path / "not-mounted"))
             REGISTRY.load_from_env()
             return
         REGISTRY.load(named, gpu_arch=ARCH)
@@ -290,12 +304,6 @@ ALLOWED = {
     ("runtime/report.py", "current_mode"),
     # `aot-cache env` shows the mode a server here would run in
     ("aot/tools/*/inventory.py", "current_mode"),
-    # `aot-cache explain --mode`: the mode the operator names, or this environment's
-    ("aot/tools/*/explain.py", "current_mode"),
-    # explains, from manifests alone and for a mode the operator names, what the policy would
-    # do; it serves nothing (runtime/policy.py decides for a running process)
-    ("aot/tools/*/explain.py", "Mode.JIT"),
-    ("aot/tools/*/explain.py", "Mode.AOT"),
 }
 
 
@@ -368,7 +376,8 @@ def test_only_the_policy_decides_by_mode():
     )
     assert not found, (
         "the mode is tested outside runtime/policy.py; ask the policy (on_load_failure, "
-        "unservable, bypassed, resolve), or allow it here with why:\n" + "\n".join(found)
+        "bypassed, prebuilt_only: mode= for a mode this process is not in; unservable, resolve), "
+        "or allow it here with why:\n" + "\n".join(found)
     )
     unused = sorted(
         f"{pattern}: {what}"

@@ -36,9 +36,9 @@ WORKER = textwrap.dedent(
 ).format(problems=PROBLEMS, arch=ARCH)
 
 
-def test_concurrent_misses_publish_each_key_once(tmp_path, monkeypatch):
+def test_concurrent_misses_publish_each_key_once(tmp_path, settings_scope):
     cache = tmp_path / "shared-cache"
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(cache))
+    settings_scope(CUTE_AOT_CACHE_DIR=str(cache))  # this process reads what the workers wrote
     env = {"CUTE_AOT_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"}
     go = tmp_path / "go"
     workers = [

@@ -106,10 +106,9 @@ def old_cache(fresh_runtime):
 
 
 @pytest.fixture
-def signatures_required(monkeypatch):
+def signatures_required(settings_scope):
     """Only signed artifacts load: trust comes from a signature, never from a folder's owner."""
-    monkeypatch.setenv("CUTE_AOT_REQUIRE_SIGNATURE", "1")
-    monkeypatch.setenv("CUTE_AOT_TRUSTED_KEYS", str(RELEASE_PUBLIC_KEY))
+    settings_scope(CUTE_AOT_REQUIRE_SIGNATURE="1", CUTE_AOT_TRUSTED_KEYS=str(RELEASE_PUBLIC_KEY))
 
 
 def _cli(tmp_path, *args) -> subprocess.CompletedProcess:

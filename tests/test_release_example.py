@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from cute_aot.artifacts import settings
 from cute_aot.runtime import load_bundles
 from tests import test_integrity
 from tests.test_remote_bundles import _bucket, s3_store  # noqa: F401  (a fixture)
@@ -42,6 +41,7 @@ def test_sharded_release_then_wheels_and_an_object_store(
     keys,
     fresh_runtime,
     monkeypatch,
+    settings_scope,
     tmp_path,
 ):
     bucket = _bucket(s3_store, monkeypatch)
@@ -92,7 +92,7 @@ def test_sharded_release_then_wheels_and_an_object_store(
     listed = bucket.client.list_objects_v2(Bucket=bucket.name, Prefix="cute-aot/v1/")
     assert [o["Key"] for o in listed["Contents"]] == ["cute-aot/v1/default-sm_90a.cuteaot"]
 
-    monkeypatch.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub))
-    monkeypatch.setenv(settings.REQUIRE_SIGNATURE.name, "1")
+    # the release jobs are done: what follows is this process's own load
+    settings_scope(CUTE_AOT_TRUSTED_KEYS=str(keys.release_pub), CUTE_AOT_REQUIRE_SIGNATURE="1")
     (served,) = load_bundles(url, gpu_arch="sm_90a")
     assert served.signer is not None and len(served.entries) == len(served.manifest.entries) > 0

@@ -35,6 +35,7 @@ from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
 from cute_aot.artifacts.errors import BundleIntegrityError, SignatureError
 from cute_aot.runtime import REGISTRY, load_bundles, remote, set_mode
 from tests import test_integrity
+from tests.conftest import child_env
 
 keys = test_integrity.keys  # the integrity tests' release and stranger keys (a fixture)
 ARCH = "sm_90a"
@@ -64,11 +65,14 @@ def signed(stub_bundles, keys, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def trusted(fresh_runtime, monkeypatch, keys) -> Path:
-    """A clean runtime that trusts the release key; its cache dir."""
-    monkeypatch.setenv(settings.TRUSTED_KEYS.name, str(keys.release_pub))
-    for setting in (settings.REQUIRE_SIGNATURE, settings.REMOTE_UNSIGNED):
-        monkeypatch.delenv(setting.name, raising=False)
+def trusted(fresh_runtime, settings_scope, keys) -> Path:
+    """A clean runtime that trusts the release key; its cache dir (a child process that must
+    share both gets `child_env()`)."""
+    settings_scope(
+        CUTE_AOT_TRUSTED_KEYS=str(keys.release_pub),
+        CUTE_AOT_REQUIRE_SIGNATURE=None,
+        CUTE_AOT_REMOTE_UNSIGNED=None,
+    )
     return fresh_runtime
 
 
@@ -200,13 +204,14 @@ print(json.dumps([str(path) for path in remote.fetch(sys.argv[1])]))
 
 
 def _ranks(url: str, folder: Path, count: int = 8) -> list[list[str]]:
-    """`count` processes of one node fetching `url` at the same moment (the environment,
-    hence the cache dir, is this test's); what each got."""
+    """`count` processes of one node fetching `url` at the same moment (with this test's
+    settings, hence its cache dir and trusted keys); what each got."""
     go = folder / "go"
     ready = [folder / f"ready-{rank}" for rank in range(count)]
     ranks = [
         subprocess.Popen(
             [sys.executable, "-c", RANK, url, str(path), str(go)],
+            env=child_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -224,7 +229,7 @@ def _ranks(url: str, folder: Path, count: int = 8) -> list[list[str]]:
 
 
 # -- tests -----------------------------------------------------------------------------------------
-def test_push_then_load_from_an_s3_prefix(bucket, signed, trusted, monkeypatch, tmp_path):
+def test_push_then_load_from_an_s3_prefix(bucket, signed, trusted, settings_scope, tmp_path):
     url = bucket.url("release/")
     pushed = CliRunner().invoke(aot_cache, ["push", str(signed), url, "--json"])
     assert pushed.exit_code == 0, pushed.output
@@ -249,7 +254,7 @@ def test_push_then_load_from_an_s3_prefix(bucket, signed, trusted, monkeypatch, 
     # An operator's way: CUTE_AOT_BUNDLES names the URL (its ':' does not split it).
     REGISTRY.clear()
     (tmp_path / "empty").mkdir()
-    monkeypatch.setenv(settings.BUNDLES.name, f"{tmp_path / 'empty'}:{url}")
+    settings_scope(CUTE_AOT_BUNDLES=f"{tmp_path / 'empty'}:{url}")
     REGISTRY.load_from_env()
     assert sorted(b.path for b in REGISTRY.bundles) == sorted(b.path for b in loaded)
     downloads = {path: n for path, n in bucket.store.gets.items() if bucket.name in path}
@@ -299,7 +304,9 @@ def test_an_unreachable_store_serves_the_verified_copy_and_says_so_once(
     assert len(offline) == 1 and url in offline[0] and "verified" in offline[0]
 
 
-def test_an_unreachable_store_without_a_copy_falls_back_or_fails_mode_aot(trusted, monkeypatch):
+def test_an_unreachable_store_without_a_copy_falls_back_or_fails_mode_aot(
+    trusted, monkeypatch, settings_scope
+):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -309,7 +316,7 @@ def test_an_unreachable_store_without_a_copy_falls_back_or_fails_mode_aot(truste
         load_bundles(url)
     assert "no verified copy" in str(raised.value)
 
-    monkeypatch.setenv(settings.BUNDLES.name, url)
+    settings_scope(CUTE_AOT_BUNDLES=url)
     set_mode("aot")
     with pytest.raises(OSError, match=re.escape(url)):
         REGISTRY.load_from_env()
@@ -359,7 +366,7 @@ def test_a_tampered_remote_object_is_refused_and_never_cached(bucket, signed, tr
 
 
 def test_an_unsigned_remote_bundle_is_refused_unless_allowed(
-    bucket, stub_bundles, trusted, monkeypatch
+    bucket, stub_bundles, trusted, settings_scope
 ):
     pushed = CliRunner().invoke(aot_cache, ["push", str(stub_bundles[0]), bucket.url("unsigned/")])
     assert pushed.exit_code == 0, pushed.output
@@ -369,7 +376,7 @@ def test_an_unsigned_remote_bundle_is_refused_unless_allowed(
         remote.fetch(url)
     assert _cached(trusted)["copies"] == []
 
-    monkeypatch.setenv(settings.REMOTE_UNSIGNED.name, "1")
+    settings_scope(CUTE_AOT_REMOTE_UNSIGNED="1")
     assert [b.arch for b in load_bundles(url)] == [ARCH]
 
 
@@ -400,6 +407,6 @@ def test_an_interrupted_download_is_never_used(http_store, signed, trusted):
     assert copy.name == _sha256(signed / NAME) + BUNDLE_SUFFIX
 
 
-def test_bundle_sources_keep_urls_whole(monkeypatch):
-    monkeypatch.setenv(settings.BUNDLES.name, "/a:s3://b/p/:http://127.0.0.1:8080/x/:/c")
+def test_bundle_sources_keep_urls_whole(settings_scope):
+    settings_scope(CUTE_AOT_BUNDLES="/a:s3://b/p/:http://127.0.0.1:8080/x/:/c")
     assert settings.bundle_sources() == ["/a", "s3://b/p/", "http://127.0.0.1:8080/x/", "/c"]

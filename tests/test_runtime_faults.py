@@ -74,10 +74,10 @@ def _reference(x, w):
 
 # -- 1: an unwritable cache directory --------------------------------------------------------------
 def test_a_miss_with_a_read_only_cache_dir_falls_back_instead_of_failing(
-    router_op, monkeypatch, tmp_path
+    router_op, monkeypatch, settings_scope, tmp_path
 ):
     with read_only_folder(tmp_path / "ro") as cache:
-        monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(cache / "cute-aot"))
+        settings_scope(CUTE_AOT_CACHE_DIR=str(cache / "cute-aot"))
         _no_jit(monkeypatch)
         x, w = _inputs()
         with pytest.warns(RuntimeWarning, match="overlay cache unusable"):
@@ -106,7 +106,9 @@ def test_a_resolution_computed_while_the_mode_changed_is_not_remembered(router_o
         ops.op("router_gemm")(x, w)
 
 
-def test_mode_modules_set_mode_and_the_environment_reach_every_op(router_op, monkeypatch):
+def test_mode_modules_set_mode_and_the_environment_reach_every_op(
+    router_op, monkeypatch, settings_scope
+):
     _no_jit(monkeypatch)
     x, w = _inputs()
     with pytest.warns(RuntimeWarning, match="torch reference"):
@@ -116,7 +118,7 @@ def test_mode_modules_set_mode_and_the_environment_reach_every_op(router_op, mon
         ops.op("router_gemm")(x, w)
     mode.set_mode(None)
     ops.op("router_gemm")(x, w)
-    monkeypatch.setenv("CUTE_AOT_MODE", "aot")
+    settings_scope(CUTE_AOT_MODE="aot")  # as a changed CUTE_AOT_MODE reads
     other = ROUTER.parse_problem("M=3,N=8,K=64")
     with pytest.raises(KernelNotFoundError):  # the next resolution sees the environment
         ops.op("router_gemm")(*_inputs(other))
@@ -125,10 +127,12 @@ def test_mode_modules_set_mode_and_the_environment_reach_every_op(router_op, mon
 
 
 # -- 5: a bundle source that cannot be read yet ---------------------------------------------------
-def test_a_bundle_folder_that_appears_later_is_loaded(router_op, monkeypatch, tmp_path):
+def test_a_bundle_folder_that_appears_later_is_loaded(
+    router_op, monkeypatch, settings_scope, tmp_path
+):
     _no_jit(monkeypatch)
     folder = tmp_path / "not-mounted-yet"
-    monkeypatch.setenv("CUTE_AOT_BUNDLES", str(folder))
+    settings_scope(CUTE_AOT_BUNDLES=str(folder))
     x, w = _inputs()
     with pytest.warns(RuntimeWarning, match="cannot be read now"):
         ops.op("router_gemm")(x, w)
@@ -296,22 +300,24 @@ def test_a_fifo_as_miss_log_never_blocks_the_op_path(tmp_path):
     assert "cannot write the miss log" in result.stderr
 
 
-def test_the_miss_log_never_follows_a_link(fresh_runtime, monkeypatch, tmp_path):
+def test_the_miss_log_never_follows_a_link(fresh_runtime, settings_scope, tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     link = tmp_path / "misses.jsonl"
     link.symlink_to(victim)
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(link))
+    settings_scope(CUTE_AOT_MISS_LOG=str(link))
     with pytest.warns(RuntimeWarning, match="cannot write the miss log"):
         record_miss(KEY, ARCH, {})
     assert victim.read_text() == "precious\n"
 
 
-def test_a_record_cut_short_by_a_full_disk_costs_only_itself(fresh_runtime, monkeypatch, tmp_path):
+def test_a_record_cut_short_by_a_full_disk_costs_only_itself(
+    fresh_runtime, settings_scope, tmp_path
+):
     from cute_aot.runtime.misses import forget_recorded
 
     with small_tmpfs(tmp_path / "disk", "64k") as disk:
-        monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(disk / "misses.jsonl"))
+        settings_scope(CUTE_AOT_MISS_LOG=str(disk / "misses.jsonl"))
         keys = [
             ROUTER.dispatch(ROUTER.parse_problem(f"M=1,N=8,K={k}"), ARCH).key
             for k in range(64, 64 + 8 * 400, 8)
@@ -504,14 +510,14 @@ def test_a_server_with_a_read_only_home_loads_and_falls_back(stub_bundles, tmp_p
     assert report["counters"]["router_gemm"]["degradations"] == 2  # overlay, then JIT
 
 
-def test_a_full_cache_disk_loads_libraries_from_memory(stub_bundles, monkeypatch, tmp_path):
+def test_a_full_cache_disk_loads_libraries_from_memory(stub_bundles, settings_scope, tmp_path):
     from cute_aot.runtime import library_store
 
     _, paths, _ = stub_bundles
     bundle = next(p for p in paths if "sm_90a" in p.name)
     with small_tmpfs(tmp_path / "disk", "64k") as disk:
         fill(disk)
-        monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(disk / "cache"))
+        settings_scope(CUTE_AOT_CACHE_DIR=str(disk / "cache"))
         with pytest.warns(RuntimeWarning, match="cannot hold verified libraries"):
             opened = open_bundle(bundle, ARCH)
         assert opened.library_path.startswith("memfd:")
@@ -519,11 +525,11 @@ def test_a_full_cache_disk_loads_libraries_from_memory(stub_bundles, monkeypatch
         assert not list(disk.rglob("*.so")) and not list(disk.rglob("*.tmp"))
 
 
-def test_a_miss_log_on_a_read_only_filesystem_warns_once(fresh_runtime, monkeypatch, tmp_path):
+def test_a_miss_log_on_a_read_only_filesystem_warns_once(fresh_runtime, settings_scope, tmp_path):
     import warnings
 
     with read_only_folder(tmp_path / "ro") as folder:
-        monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(folder / "misses.jsonl"))
+        settings_scope(CUTE_AOT_MISS_LOG=str(folder / "misses.jsonl"))
         with pytest.warns(RuntimeWarning, match="cannot write the miss log"):
             record_miss(KEY, ARCH, {})
         other = ROUTER.dispatch(ROUTER.parse_problem("M=1,N=24,K=64"), ARCH).key

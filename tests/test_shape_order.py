@@ -33,10 +33,13 @@ PROBLEM_SPELLINGS = [f"{M},{N},{K}", f"M={M},N={N},K={K}", f"K={K},M={M},N={N}"]
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("CUTE_AOT_BUNDLES", "CUTE_AOT_MISS_LOG", "CUTE_AOT_MODE"):
-        monkeypatch.delenv(name, raising=False)
+def isolated(tmp_path, settings_scope):
+    settings_scope(
+        CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"),
+        CUTE_AOT_BUNDLES=None,
+        CUTE_AOT_MISS_LOG=None,
+        CUTE_AOT_MODE=None,
+    )
 
 
 def gemm(name: str) -> KernelFamily:

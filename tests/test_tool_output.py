@@ -24,11 +24,15 @@ LONG = 150  # characters: far past the 80 columns rich gives a stream that is no
 
 
 @pytest.fixture(autouse=True)
-def piped(tmp_path, monkeypatch):
+def piped(tmp_path, monkeypatch, settings_scope):
     """Own cache dir, no bundles from the environment, and no COLUMNS: the width is the pipe's."""
-    monkeypatch.setenv("CUTE_AOT_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("CUTE_AOT_BUNDLES", "CUTE_AOT_MISS_LOG", "CUTE_AOT_MODE", "COLUMNS"):
-        monkeypatch.delenv(name, raising=False)
+    settings_scope(
+        CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"),
+        CUTE_AOT_BUNDLES=None,
+        CUTE_AOT_MISS_LOG=None,
+        CUTE_AOT_MODE=None,
+    )
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 def long_folder(root, length: int = LONG):
@@ -59,11 +63,11 @@ def test_aot_cache_ls_keeps_a_long_path_whole(stub_bundles, tmp_path):
     assert [row["path"] for row in listing["bundles"]] == [str(bundle)]
 
 
-def test_aot_cache_tables_keep_keys_and_paths_whole(stub_bundles, tmp_path, monkeypatch):
+def test_aot_cache_tables_keep_keys_and_paths_whole(stub_bundles, tmp_path, settings_scope):
     """`misses` (a long log path in its title, 20-hex key ids in rows) and `show` (key ids)."""
     _, paths, _ = stub_bundles
     log = long_folder(tmp_path) / "misses.jsonl"
-    monkeypatch.setenv("CUTE_AOT_MISS_LOG", str(log))
+    settings_scope(CUTE_AOT_MISS_LOG=str(log))
     key = dispatch(3, 128, 2880, "sm_90a")
     forget_recorded()
     record_miss(key, "sm_90a", {"m": 3, "k": 2880, "n": 128})

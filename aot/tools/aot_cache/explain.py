@@ -24,7 +24,8 @@ from cute_aot.aot.tools.aot_cache.params import (
 )
 from cute_aot.artifacts import settings
 from cute_aot.kernels import KernelFamily, families
-from cute_aot.runtime.mode import Mode, current_mode, parse_mode
+from cute_aot.runtime import policy
+from cute_aot.runtime.mode import Mode
 
 
 def _family_param(ctx, param, value: str) -> KernelFamily:
@@ -83,7 +84,7 @@ def explain_command(family, shape, dtype_text, archs, bundle_paths, mode_name, a
     except ValueError as exc:  # UnsupportedProblemError: the family's own words on its syntax
         hint = "--shape" if dtype_text is None else "--shape/--dtype"
         raise click.BadParameter(str(exc), param_hint=hint) from None
-    mode = parse_mode(mode_name) if mode_name else current_mode()
+    mode = policy.decided_mode(mode_name)  # the one named, else this environment's
     bundles = read_manifests(bundle_paths)  # the runtime's search order (inventory.bundle_sources)
     if not bundles:  # else every decision reads as a miss, even for a kernel just built
         click.echo(f"aot-cache: {no_bundles_found(bundle_paths, '--bundle bundles/')}", err=True)

@@ -4,7 +4,8 @@ Generic over kernel families: the dispatch decision and its reason are the famil
 (`family.dispatch(problem, arch)`), so the explanation cannot drift from the rule a server runs.
 From there it follows Registry.resolve step by step (mode, bundle search order, signature policy,
 compatibility, staleness, overlay, JIT) over manifests read as data: it never imports cutlass,
-never loads a library and needs no GPU.
+never loads a library and needs no GPU. What each mode does is asked of runtime/policy.py, for
+the mode the operator names, so the explanation cannot drift from the policy a server runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from cute_aot.kernels import Adapter, KernelFamily, capability
 from cute_aot.kernels.contract import Problem, dispatch_with
 from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.tables import Table
-from cute_aot.runtime import loader, misses, overlay
+from cute_aot.runtime import loader, misses, overlay, policy
 from cute_aot.runtime.jit import jit_available
 from cute_aot.runtime.mode import Mode
 from cute_aot.runtime.registry import stale_reasons
@@ -47,7 +48,8 @@ def explain(
         }
     judge = _judge(bundles, family.name, arch, mode)
     adapter = capability(family, Adapter)  # its library compiles what no bundle holds
-    table, table_path = (None, None) if mode is Mode.JIT else _bundle_table(family, bundles, judge)
+    bypassed = policy.bypassed(mode)
+    table, table_path = (None, None) if bypassed else _bundle_table(family, bundles, judge)
     dispatch = dispatch_with(family, problem, arch, table)
     key = dispatch.key
     decision = _decision(arch, key, dispatch.reason)
@@ -57,7 +59,7 @@ def explain(
             f"dispatched with the {family.name} table of {table_path} ({table.describe()}), "
             "the first usable bundle that carries one"
         )
-    if mode is Mode.JIT:
+    if bypassed:
         why = "mode jit compiles every kernel in the process; bundles and the overlay are ignored"
         if adapter:
             why = f"mode jit: bundles are ignored and {adapter.serves} compiles as it would alone"
@@ -75,7 +77,7 @@ def explain(
             f"({where}; manifests only: `aot-cache verify` checks the hashes)"
         )
         return {**decision, "source": "bundle", "path": str(path), "why": why}
-    if mode is Mode.AOT:
+    if policy.prebuilt_only(mode):
         shape = f"{family.name}:{family.shape_syntax}" if family.shape_syntax else family.name
         why = (
             f"mode aot and {missing}: the call raises KernelNotFoundError; build it "
@@ -177,9 +179,11 @@ def _usable(path, from_folder, manifest, family_name, arch, mode, notes) -> bool
         return False
     stale = stale_reasons(manifest).get(family_name)
     if stale:
+        # as Registry._refuse_stale asks: a stale bundle, neither named nor by architecture
+        raises = policy.on_load_failure(policy.STALE, mode=mode) == policy.RAISE
         fate = (
-            "raises StaleBundleError at load (mode aot)"
-            if mode is Mode.AOT
+            f"raises StaleBundleError at load (mode {mode.value})"
+            if raises
             else "is not used for it"
         )
         notes.append(f"{path} {fate}: {stale}")
