@@ -168,6 +168,7 @@ SETTINGS: tuple[Setting, ...] = (
     VIRTUAL,
     DISABLE,
 )
+_BY_NAME = {setting.name: setting for setting in SETTINGS}  # made once: read per call
 # What the startup hook (runtime/activation.py) installs the cute.compile hook for.
 ACTIVATING: tuple[Setting, ...] = (RECORD, INTERCEPT, REPORT, VIRTUAL)
 
@@ -375,10 +376,10 @@ def environment(names) -> dict[str, str]:
     """name -> value of each of `names` that is set and not empty (the DSL's code-changing
     variables a record keeps; what `aot-cache env` shows). A setting's value is its reader's,
     an in-process override (`scope`) included."""
-    declared = {setting.name: setting for setting in SETTINGS}
     found = {}
     for name in names:
-        value = declared[name].raw() if name in declared else os.environ.get(name)
+        setting = _BY_NAME.get(name)
+        value = setting.raw() if setting is not None else os.environ.get(name)
         if value:
             found[name] = value
     return found
