@@ -71,3 +71,28 @@ def register_family(monkeypatch, found) -> None:
 
     monkeypatch.setattr(kernels, "_points", {**kernels._entry_points(), found.name: None})
     monkeypatch.setitem(kernels._loaded, found.name, found)
+
+
+def loaded_bundle(key, function, arch: str, *, path="fake.cuteaot", name="fake", facts=None):
+    """A bundle as the registry holds one after every check, serving `key` with the Python
+    `function` (None: its entry is there, its function is not, as in a damaged library);
+    `facts`: its family's facts (default: the installed family's)."""
+    from cute_aot.artifacts import toolchain
+    from cute_aot.artifacts.manifest import Entry, Manifest
+    from cute_aot.kernels import family_facts
+    from cute_aot.runtime.loader import LoadedBundle
+
+    entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
+    manifest = Manifest(
+        name,
+        arch,
+        "1",
+        "test",
+        toolchain.fingerprint(),
+        {key.FAMILY: facts if facts is not None else family_facts(key.FAMILY)},
+        {},
+        {},
+        (entry,),
+    )
+    module = {} if function is None else {key.symbol: function}
+    return LoadedBundle(Path(path), manifest, "memfd:fake", module, {key.id: entry})

@@ -8,19 +8,17 @@ whose "library" is a dict of Python functions, so nothing is compiled or dlopene
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.errors import InputError, JitUnavailableError
-from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family, family_facts
+from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, ops, set_mode
 from cute_aot.runtime.loader import LoadedBundle
 from cute_aot.runtime.misses import miss_log_path, read_misses
 from tests.fake_gpu import GPU, on_gpu
+from tests.stubs import loaded_bundle
 
 ARCH = "sm_90a"  # the fake GPU's (an H200)
 ROUTER = family("router_gemm")
@@ -28,21 +26,7 @@ PROBLEM = ROUTER.parse_problem("2,8,64")
 
 
 def _fake_bundle(key, function) -> LoadedBundle:
-    entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
-    manifest = Manifest(
-        "fake",
-        ARCH,
-        "1",
-        "test",
-        toolchain.fingerprint(),
-        {key.FAMILY: family_facts(key.FAMILY)},
-        {},
-        {},
-        (entry,),
-    )
-    return LoadedBundle(
-        Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function}, {key.id: entry}
-    )
+    return loaded_bundle(key, function, ARCH)
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_bundle, write_bundle
 from cute_aot.artifacts.errors import (
     BundleError,
@@ -30,11 +29,11 @@ from cute_aot.artifacts.errors import (
     StaleBundleError,
     UnsupportedProblemError,
 )
-from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family, family_facts
+from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, policy, set_mode
 from cute_aot.runtime.loader import LoadedBundle
 from cute_aot.runtime.serving import Serving
+from tests.stubs import loaded_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifacts", "kernels", "aot", "runtime")
@@ -59,20 +58,7 @@ BROKEN = "broken"  # an entry whose function cannot be looked up (a damaged libr
 def _loaded(function, path: str) -> LoadedBundle:
     """A bundle as the registry holds one after every check: `function` serves KEY (None: its
     entry is there, its function is not, as in a damaged library)."""
-    entry = Entry(KEY.FAMILY, KEY.fields(), KEY.id, KEY.symbol, "ab" * 32, 1)
-    manifest = Manifest(
-        "ladder",
-        ARCH,
-        "1",
-        "test",
-        toolchain.fingerprint(),
-        {KEY.FAMILY: family_facts(KEY.FAMILY)},
-        {},
-        {},
-        (entry,),
-    )
-    module = {} if function is None else {KEY.symbol: function}
-    return LoadedBundle(Path(path), manifest, "memfd:fake", module, {KEY.id: entry})
+    return loaded_bundle(KEY, function, ARCH, path=path, name="ladder")
 
 
 def _arrange(monkeypatch, have: set, broken: set) -> list:

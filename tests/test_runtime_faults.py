@@ -19,16 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_bundle, write_bundle
 from cute_aot.artifacts.errors import InputError, KernelNotFoundError
-from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family, family_facts
+from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, mode, ops, policy, set_mode
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
 from cute_aot.runtime.misses import miss_log_path, read_misses, record_miss
 from tests.fake_gpu import on_gpu
 from tests.faults import fill, read_only_folder, small_tmpfs
+from tests.stubs import loaded_bundle
 
 ARCH = "sm_90a"  # the fake GPU's (an H200)
 ROUTER = family("router_gemm")
@@ -37,19 +36,7 @@ KEY = ROUTER.dispatch(PROBLEM, ARCH).key
 
 
 def _fake_bundle(key, function, path="fake.cuteaot") -> LoadedBundle:
-    entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
-    manifest = Manifest(
-        "fake",
-        ARCH,
-        "1",
-        "test",
-        toolchain.fingerprint(),
-        {key.FAMILY: family_facts(key.FAMILY)},
-        {},
-        {},
-        (entry,),
-    )
-    return LoadedBundle(Path(path), manifest, "memfd:fake", {key.symbol: function}, {key.id: entry})
+    return loaded_bundle(key, function, ARCH, path=path)
 
 
 @pytest.fixture

@@ -14,10 +14,8 @@ from click.testing import CliRunner
 
 from cute_aot.aot.build import BuildPlan, run_build
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
-from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import TableError
-from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.kernels import family, family_facts
 from cute_aot.kernels.gemm_sm90 import GemmProblem, handwritten_table, stages_for
 from cute_aot.kernels.router_gemm import RouterProblem
@@ -25,7 +23,7 @@ from cute_aot.kernels.tables import Table, read_tables, write_tables
 from cute_aot.runtime import REGISTRY, ops
 from cute_aot.runtime.loader import LoadedBundle
 from tests.fake_gpu import on_gpu
-from tests.stubs import stub_compile
+from tests.stubs import loaded_bundle, stub_compile
 
 ARCH = "sm_90a"
 ROUTER = family("router_gemm")
@@ -157,14 +155,8 @@ def test_registry_dispatches_with_the_first_bundles_table_and_says_when_another_
 
 
 def _fake_bundle(key, function, table: Table) -> LoadedBundle:
-    entry = Entry(key.FAMILY, key.fields(), key.id, key.symbol, "ab" * 32, 1)
     facts = {**family_facts(key.FAMILY), "table": table.record()}
-    manifest = Manifest(
-        "fake", ARCH, "1", "test", toolchain.fingerprint(), {key.FAMILY: facts}, {}, {}, (entry,)
-    )
-    return LoadedBundle(
-        Path("fake.cuteaot"), manifest, "memfd:fake", {key.symbol: function}, {key.id: entry}
-    )
+    return loaded_bundle(key, function, ARCH, facts=facts)
 
 
 def test_the_op_dispatches_with_the_serving_bundles_table(fresh_runtime, fake_gpu):
