@@ -62,20 +62,22 @@ def count(family: str, outcome: str, target: str | None = None) -> None:
         if counted is None:
             counted = _counts[family] = Counter()
         counted[outcome] += 1
-        if target is not None:  # inline, as in count_target: the hit path makes no more calls
-            counts = _targets.get(target)
-            if counts is None:
-                counts = _targets[target] = dict.fromkeys(TARGET_OUTCOMES, 0)
-            counts[outcome] += 1
+        if target is not None:
+            _add_to_target(target, outcome)
 
 
 def count_target(target: str, outcome: str) -> None:
     """Count `outcome` (compiles, hits, misses) for a `cute.compile` target."""
     with _counts_lock:
-        counts = _targets.get(target)
-        if counts is None:
-            counts = _targets[target] = dict.fromkeys(TARGET_OUTCOMES, 0)
-        counts[outcome] += 1
+        _add_to_target(target, outcome)
+
+
+def _add_to_target(target: str, outcome: str) -> None:
+    """The target's count of `outcome`, one more (the caller holds _counts_lock)."""
+    counts = _targets.get(target)
+    if counts is None:
+        counts = _targets[target] = dict.fromkeys(TARGET_OUTCOMES, 0)
+    counts[outcome] += 1
 
 
 def family_count(family: str, outcome: str) -> int:
