@@ -70,6 +70,11 @@ def hold_fsync(seconds: float) -> tuple[str, ...]:
     """A command prefix under which every fsync first waits `seconds` (strace fault injection)."""
     if not shutil.which("strace"):
         pytest.skip("needs strace, to hold a build inside fsync")
+    return strace_fsync(f"delay_enter={int(seconds * 1e6)}")
+
+
+def strace_fsync(injection: str) -> tuple[str, ...]:
+    """A command prefix under which every fsync gets strace's `inject=fsync:<injection>`."""
     return (
         "strace",
         "-f",
@@ -79,7 +84,7 @@ def hold_fsync(seconds: float) -> tuple[str, ...]:
         "-e",
         "trace=fsync",
         "-e",
-        f"inject=fsync:delay_enter={int(seconds * 1e6)}",
+        f"inject=fsync:{injection}",
     )
 
 
@@ -221,17 +226,7 @@ def test_a_full_disk_fails_in_one_line_and_leaves_nothing_half_written(tmp_path,
     if mounted.returncode != 0:  # no tmpfs: the first fsync (the bundle's) says the disk is full
         if not shutil.which("strace"):
             pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.decode().strip()}) nor run strace")
-        wrap = (
-            "strace",
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=fsync",
-            "-e",
-            "inject=fsync:error=ENOSPC",
-        )
+        wrap = strace_fsync("error=ENOSPC")
     try:
         status, output = finish(start(env, out, *ROUTER_SM90, wrap=wrap))
         left = sorted(p.name for p in out.iterdir())
