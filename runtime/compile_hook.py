@@ -192,14 +192,14 @@ def _served(serving, call, why, target: str):
     auto, counted for `target`; mode jit, not counted). Mode aot raises on a miss."""
     if policy.bypassed():
         return None
+    arch = _arch(call)
     if call is not None:
-        arch = _arch(call)
         known = _hits.get((call.identity_json, arch))
         if known is not _hits.MISSING:  # a hit resolved before, in this epoch: nothing to redo
             policy.count(FAMILY, policy.HIT, target)  # as the resolution counted it
             return known
     try:
-        function = _resolved(serving, call, why)
+        function = _resolved(serving, call, why, arch)
     except KernelNotFoundError:  # mode aot
         policy.count_target(target, policy.MISS)
         raise
@@ -207,19 +207,18 @@ def _served(serving, call, why, target: str):
     return function
 
 
-def _resolved(serving, call, why):
+def _resolved(serving, call, why, arch: str):
     """`_served` past what it remembered: the policy's answer for `call`, remembered if a hit."""
     if call is None:
         policy.unservable(
             FAMILY,
             "-",
-            _arch(call),
+            arch,
             why,
             ("not-servable", why),
             f"cute.compile call not served: {why}; compiling it",
         )
         return None
-    arch = _arch(call)
     epoch = _hits.now()
     key, unfit = _kernel_for_this_gpu(call, arch)
     if unfit:
