@@ -145,14 +145,17 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
             or (index == 0 and param in _SELF)
             or (takes_type and isinstance(value, type))
         )
-        kind = type(value)  # the common kinds from the cache, inline: a hit describes them all
+        # What the common kinds are made of, inline (a hit describes every argument): the
+        # cache's key; repr tells -0.0 from 0.0 and keeps NaN one value.
+        kind = type(value)
         if kind in _PLAIN:
-            found = _DESCRIBED.get((kind, repr(value)) if constant else kind)
+            made_of = (kind, repr(value)) if constant else kind
         elif kind is tensor:
-            found = _DESCRIBED.get(describer.dlpack_facts(value))
+            made_of = describer.dlpack_facts(value)
         else:
-            found = None
-        described, text = found or describer.described(value, constant, param)
+            made_of = None  # described afresh (a fake tensor's symbols are per call)
+        found = _DESCRIBED.get(made_of) if made_of is not None else None
+        described, text = found or describer.described(value, constant, param, made_of)
         identity_args.append([param, described])
         arguments.append((described, value))
         pieces.append(opening + text + "]")
@@ -444,21 +447,12 @@ class _Describer:
         self.symbols: dict[int, int] = {}
         self.describing: set[int] = set()  # objects whose state is being described (cycles)
 
-    def described(self, value, constant: bool, param: str) -> tuple[dict, str]:
-        """(argument `param`'s description, its canonical JSON): plain values and tensors from
-        the cache, whatever else described afresh (a fake tensor's symbols are per call)."""
-        kind = type(value)
-        if kind in _PLAIN:
-            made_of = (kind, repr(value)) if constant else kind  # repr: -0.0, nan
-        elif isinstance(value, _dsl()[1]._Tensor):
-            made_of = self.dlpack_facts(value)
-        else:
-            described = self.argument(value, constant, f"argument {param!r}")
-            return described, canonical(described)
-        found = _DESCRIBED.get(made_of)
-        if found is None:
-            described = self.argument(value, constant, f"argument {param!r}")
-            found = (described, canonical(described))
+    def described(self, value, constant: bool, param: str, made_of) -> tuple[dict, str]:
+        """(argument `param`'s description, its canonical JSON), kept in the cache under
+        `made_of` where that is not None (describe_call's key of a common kind)."""
+        described = self.argument(value, constant, f"argument {param!r}")
+        found = (described, canonical(described))
+        if made_of is not None:
             if len(_DESCRIBED) >= _DESCRIBED_MAX:
                 _DESCRIBED.clear()
             _DESCRIBED[made_of] = found
