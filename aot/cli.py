@@ -245,16 +245,21 @@ def _console() -> Console:
     return terminal.console(stderr=True)
 
 
-def _fail(console: Console, command: str, exc: BaseException) -> None:
-    """One line for a failed command, then its exit status (128 + signal if stopped)."""
+def _fail(console: Console, command: str, exc: BaseException, as_json: bool = False) -> None:
+    """One line for a failed command, then its exit status (128 + signal if stopped). Under
+    --json, stdout also gets the failure as JSON: a pipeline reading it never gets nothing."""
     if isinstance(exc, Stopped):
+        message, status = f"stopped by {exc}: nothing half-written is left", 128 + exc.signum
         console.print(f"[red]{command} stopped[/red] by {exc}: nothing half-written is left")
-        sys.exit(128 + exc.signum)
-    message = str(exc)
-    if isinstance(exc, OSError) and exc.filename:  # a full disk, a read-only folder...
-        message = f"{exc.filename}: {exc.strerror or exc}"
-    console.print(f"[red]{command} failed:[/red] {escape(message)}")
-    sys.exit(1)
+    else:
+        message, status = str(exc), 1
+        if isinstance(exc, OSError) and exc.filename:  # a full disk, a read-only folder...
+            message = f"{exc.filename}: {exc.strerror or exc}"
+        console.print(f"[red]{command} failed:[/red] {escape(message)}")
+    if as_json:
+        sys.stdout.write(json.dumps({"command": command, "ok": False, "error": message}) + "\n")
+        sys.stdout.flush()
+    sys.exit(status)
 
 
 # -- wheels: bundles as pip installs them (aot/wheel.py) -------------------------------------------
@@ -449,7 +454,7 @@ def main(
     except RequestError as exc:  # options that contradict each other: a usage error
         raise click.UsageError(str(exc)) from None
     except (CuteAotError, OSError, Stopped) as exc:
-        _fail(console, "aot-build", exc)
+        _fail(console, "aot-build", exc, output.as_json)
 
 
 def _refuse_build_options(ctx: click.Context) -> None:
@@ -484,7 +489,7 @@ def merge_command(ctx, shards, write_wheel, output: Output):
     try:
         build_command.merge_shards(console, shards, output, write_wheel)
     except (CuteAotError, OSError, Stopped) as exc:
-        _fail(console, "aot-build merge", exc)
+        _fail(console, "aot-build merge", exc, output.as_json)
 
 
 @main.command("wheel")

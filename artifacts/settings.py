@@ -40,7 +40,14 @@ class Setting(namedtuple("Setting", "name default doc when_unset kind", defaults
     def value(self):
         """The value as its kind reads it (the default where unset); an unknown value is a
         SettingError naming the variable and what it takes, never a silent default."""
-        return _PARSERS[self.kind.partition(":")[0]](self, (self.raw() or self.default or ""))
+        return self.parse(self.raw() or self.default or "")
+
+    def parse(self, text: str, said_as: str | None = None):
+        """`text` read by this setting's kind: the one grammar, for the environment and for an
+        API that takes the same values (`set_mode`); an error names `said_as`, else the
+        variable."""
+        kind, _, choices = self.kind.partition(":")
+        return _PARSERS[kind](said_as or self.name, text, choices)
 
     @property
     def unset_text(self) -> str:
@@ -182,25 +189,28 @@ _PORT_REST = re.compile(r"^[0-9]+(?:/|\Z)")
 _overrides: dict[str, str | None] = {}
 
 
-def _as_flag(setting: Setting, text: str) -> bool:
+def _as_flag(name: str, text: str, _choices: str) -> bool:
     """The one boolean grammar: 1/true/yes/on, 0/false/no/off (or unset)."""
     value = text.strip().lower()
     if value in _TRUE or value in _FALSE:
         return value in _TRUE
-    raise SettingError(
-        f"{setting.name}={text!r} is not a flag: use 1, true, yes, on or 0, false, no, off"
-    )
+    raise SettingError(f"{name}={text!r} is not a flag: use 1, true, yes, on or 0, false, no, off")
 
 
-def _as_choice(setting: Setting, text: str) -> str:
-    choices = setting.kind.partition(":")[2].split(",")
+def _as_choice(name: str, text: str, choices: str) -> str:
+    """The one grammar of a choice: one of its words, in any case, spaces around ignored."""
+    words = choices.split(",")
     value = text.strip().lower()
-    if value in choices:
+    if value in words:
         return value
-    raise SettingError(f"{setting.name}={text!r}: choose one of {', '.join(choices)}")
+    raise SettingError(f"{name}={text!r}: choose one of {', '.join(words)}")
 
 
-_PARSERS = {"text": lambda setting, text: text or None, "flag": _as_flag, "choice": _as_choice}
+def _as_text(_name: str, text: str, _choices: str) -> str | None:
+    return text or None
+
+
+_PARSERS = {"text": _as_text, "flag": _as_flag, "choice": _as_choice}
 
 
 @contextlib.contextmanager
@@ -246,8 +256,9 @@ def bundle_sources() -> list[str]:
 
 
 def mode_name() -> str:
-    """CUTE_AOT_MODE as written (parsed by runtime/mode.py), its default when unset."""
-    return MODE.raw() or MODE.default
+    """CUTE_AOT_MODE, read by its grammar (runtime/mode.py makes it a Mode), its default when
+    unset."""
+    return MODE.value()
 
 
 def cache_dir() -> Path:

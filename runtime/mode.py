@@ -16,7 +16,6 @@ import enum
 import threading
 
 from cute_aot.artifacts import settings
-from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.runtime import epoch
 
 
@@ -31,13 +30,11 @@ _lock = threading.Lock()
 _seen: list = [None]  # the mode last answered: a different answer moves the epoch
 
 
-def parse_mode(value: str | Mode) -> Mode:
-    try:
-        return Mode(str(value.value if isinstance(value, Mode) else value).strip().lower())
-    except ValueError:
-        raise CuteAotError(
-            f"unknown cute-aot mode {value!r}; choose one of {', '.join(m.value for m in Mode)}"
-        ) from None
+def parse_mode(value: str | Mode, said_as: str = "mode") -> Mode:
+    """A mode given by the API, read by CUTE_AOT_MODE's own grammar (artifacts/settings.py)."""
+    if isinstance(value, Mode):
+        return value
+    return Mode(settings.MODE.parse(str(value), said_as))
 
 
 def set_mode(mode: str | Mode | None) -> None:
@@ -52,7 +49,7 @@ def set_mode(mode: str | Mode | None) -> None:
 
 
 def current_mode() -> Mode:
-    mode = _override if _override is not None else parse_mode(settings.mode_name())
+    mode = _override if _override is not None else Mode(settings.MODE.value())
     if _seen[0] is not mode:
         with _lock:
             if _seen[0] is not mode:

@@ -56,11 +56,6 @@ class Serving:
             key.FAMILY, arch, lambda: key, details, serves_library=self.family.serves
         ).function
 
-    def remembered_hit(self) -> None:
-        """Count a hit the family served from what it remembered of an earlier `function`
-        (in this resolution epoch), as that call counted it."""
-        policy.count(self.family.name, policy.HIT)
-
 
 _lock = threading.Lock()
 # family name -> (its Serving, [(owner, attribute, original)]) for what is patched now

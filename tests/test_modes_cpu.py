@@ -33,8 +33,15 @@ def test_mode_from_env_and_api(settings_scope, fresh_runtime):
     assert current_mode() is Mode.JIT
     set_mode(None)
     settings_scope(CUTE_AOT_MODE="sometimes")
-    with pytest.raises(CuteAotError, match="unknown cute-aot mode 'sometimes'"):
+    with pytest.raises(
+        CuteAotError, match="CUTE_AOT_MODE='sometimes': choose one of auto, aot, jit"
+    ):
         current_mode()
+    # the API takes the same words by the same grammar, and its error names the API's argument
+    with pytest.raises(CuteAotError, match="mode='often': choose one of auto, aot, jit"):
+        set_mode("often")
+    set_mode(" AOT ")
+    assert current_mode() is Mode.AOT
 
 
 def test_aot_mode_miss_names_family_key_arch_and_bundles(fresh_runtime, stub_bundles):
@@ -227,3 +234,9 @@ def test_from_misses_with_nothing_to_build_fails(tmp_path):
     result = CliRunner().invoke(main, ["--from-misses", str(empty), "--quiet"])
     assert result.exit_code == 1
     assert "no misses to build" in result.output
+
+
+def test_the_modes_are_the_words_of_cute_aot_mode_s_one_grammar():
+    from cute_aot.artifacts import settings
+
+    assert settings.MODE.kind == "choice:" + ",".join(mode.value for mode in Mode)

@@ -129,6 +129,24 @@ def test_aot_build_keeps_the_calls_it_could_not_build_whole(tmp_path):
     assert "no recorded call to build" in result.stderr
 
 
+def test_aot_build_json_says_an_early_failure_on_stdout(tmp_path):
+    """--json: a build that fails before it builds anything still answers a pipeline on stdout,
+    with the error its one line on stderr gives."""
+    records = _not_built_records(tmp_path, "/src/model.py:1", "kernel_" + "ab" * 10)
+    for args, error in [
+        (["--arch", "sm999"], "unsupported architecture 'sm999'"),
+        (["--from-record", str(records)], f"{records}: no recorded call to build"),
+    ]:
+        result = CliRunner().invoke(
+            aot_build, [*args, "--json", "--out", str(tmp_path / "out"), "--no-cache"]
+        )
+        assert result.exit_code == 1, result.output
+        answer = json.loads(result.stdout)
+        assert answer["command"] == "aot-build" and answer["ok"] is False
+        assert answer["error"].startswith(error), answer
+        assert f"aot-build failed: {answer['error']}" in " ".join(result.stderr.split())
+
+
 def test_the_not_built_renderers(tmp_path, capsys):
     site = "/" + "x" * LONG + "/model.py:7"
     calls = [(site, "kernel_0123456789abcdef0123", "sm_90a", "why not")]
