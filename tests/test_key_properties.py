@@ -41,6 +41,9 @@ from cute_aot.kernels.router_gemm import (
 )
 
 PROPERTY = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+# Per family (7 of them): every example exercises every field of a key, so a few dozen random
+# keys per family cover what a forgotten field would break; more only lengthen the suite.
+PER_FAMILY = settings(PROPERTY, max_examples=50)
 
 
 # -- 1. ids and symbols, for every family --------------------------------------------------------
@@ -56,6 +59,18 @@ def _field_strategy(kind):
             max_size=6
         )
     raise AssertionError(f"no strategy for key field type {kind}")
+
+
+def _another(current, drawn):
+    """`drawn`, or where it equals `current` a value of the same type next to it (no filtered
+    strategy: hypothesis describes a filter's lambda from its source at every draw)."""
+    if drawn != current:
+        return drawn
+    if isinstance(current, bool):
+        return not current
+    if isinstance(current, str):
+        return current + "x"
+    return current + 1 if isinstance(current, int) else current * 2
 
 
 def keys_of(key_class):
@@ -81,7 +96,7 @@ def _identity(key) -> tuple:
 
 @pytest.mark.parametrize("key_class", FAMILY_KEYS, ids=FAMILIES)
 def test_distinct_keys_have_distinct_ids_and_symbols(key_class):
-    @PROPERTY
+    @PER_FAMILY
     @given(a=keys_of(key_class), b=keys_of(key_class))
     def check(a, b):
         same = _identity(a) == _identity(b)
@@ -95,12 +110,12 @@ def test_distinct_keys_have_distinct_ids_and_symbols(key_class):
 def test_every_field_is_part_of_the_id(key_class):
     hints = typing.get_type_hints(key_class)
 
-    @settings(PROPERTY, max_examples=100)  # each example changes every field in turn
+    @PER_FAMILY  # each example changes every field in turn
     @given(key=keys_of(key_class), data=st.data())
     def check(key, data):
         for f in dataclasses.fields(key_class):
             current = getattr(key, f.name)
-            other = data.draw(_field_strategy(hints[f.name]).filter(lambda v, c=current: v != c))
+            other = _another(current, data.draw(_field_strategy(hints[f.name])))
             changed = dataclasses.replace(key, **{f.name: other})
             if f.name in _replay_only(key_class):
                 assert changed.id == key.id, f"replay-only field {f.name} changes the id"
@@ -113,7 +128,7 @@ def test_every_field_is_part_of_the_id(key_class):
 
 @pytest.mark.parametrize("key_class", FAMILY_KEYS, ids=FAMILIES)
 def test_ids_symbols_and_fields_round_trip(key_class):
-    @PROPERTY
+    @PER_FAMILY
     @given(key=keys_of(key_class))
     def check(key):
         assert re.fullmatch(r"[0-9a-f]{20}", key.id)
@@ -128,7 +143,7 @@ def test_ids_symbols_and_fields_round_trip(key_class):
 def test_a_bundle_entry_of_any_key_re_derives(key_class, tmp_path):
     """What the loader checks (artifacts/verify.py) holds for every key a build can write."""
 
-    @PROPERTY
+    @PER_FAMILY
     @given(keys=st.lists(keys_of(key_class), min_size=1, max_size=4, unique_by=lambda k: k.id))
     def check(keys):
         entries = tuple(
