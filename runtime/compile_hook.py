@@ -27,7 +27,7 @@ from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import KernelNotFoundError
 from cute_aot.kernels.arch import DSL_DEFAULT_ARCH
 from cute_aot.kernels.recorded import FAMILY, RecordedCallKey, hardware
-from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
+from cute_aot.kernels.recorded.calls import MARKS_ATTRIBUTE, NotRecreatable, describe_call
 from cute_aot.runtime import policy
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.epoch import Resolutions
@@ -104,20 +104,12 @@ def install_hook() -> None:
 
 
 def _logging_mark(name: str, method):
-    import inspect
-
-    signature = inspect.signature(method)
+    """`method` logging its call on the tensor as given, (name, args, kwargs): a tensor is marked
+    on the caller's path before every compile, served or not, so the log costs an append here;
+    only a record spells it out (kernels/recorded/calls.py, logged_marks)."""
 
     def mark(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        arguments = {
-            k: list(v) if isinstance(v, tuple) else v
-            for k, v in bound.arguments.items()
-            if k != "self"
-        }
-        marks = self.__dict__.setdefault("_cute_aot_marks", [])
-        marks.append([name, arguments])
+        self.__dict__.setdefault(MARKS_ATTRIBUTE, []).append((name, args, kwargs))
         return method(self, *args, **kwargs)
 
     mark.__wrapped__ = method

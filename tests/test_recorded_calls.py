@@ -104,6 +104,32 @@ def test_the_identity_json_is_written_exactly_as_canonical_json_writes_it():
     assert ids[-1] == ids[0]
 
 
+def test_marks_are_logged_as_given_and_spelled_out_as_a_record_keeps_them():
+    """The hook logs a tensor's `mark_*` calls as given (an append on the caller's path, served
+    or not); a record spells each out with the method's defaults, tuples as lists."""
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_aot.kernels.recorded.calls import MARKS_ATTRIBUTE, _example, logged_marks
+    from cute_aot.kernels.recorded.replay import MetadataTensor
+    from cute_aot.runtime.compile_hook import install_hook
+
+    install_hook()
+    tensor = from_dlpack(MetadataTensor((64, 32), (32, 1), "float32"), assumed_align=16)
+    assert logged_marks(tensor) is None
+    tensor.mark_layout_dynamic(1)
+    tensor.mark_compact_shape_dynamic(0, (0, 1), divisibility=8)
+    assert vars(tensor)[MARKS_ATTRIBUTE] == [
+        ("mark_layout_dynamic", (1,), {}),
+        ("mark_compact_shape_dynamic", (0, (0, 1)), {"divisibility": 8}),
+    ]
+    spelled = [
+        ["mark_layout_dynamic", {"leading_dim": 1}],
+        ["mark_compact_shape_dynamic", {"mode": 0, "stride_order": [0, 1], "divisibility": 8}],
+    ]
+    assert logged_marks(tensor) == spelled
+    assert _example({"dlpack": {}}, tensor)["marks"] == spelled
+
+
 def test_a_kernel_object_holding_classes_is_described_by_their_names_and_rebuilt():
     """Classes in a kernel object's state (FlashInfer's GDN prefill keeps its MRO in its compile
     key) are described by importable name; the replay rebuilds an object of the same identity.

@@ -561,6 +561,36 @@ class _Describer:
         }
 
 
+# Where the hook (runtime/compile_hook.py) logs a tensor's `mark_*` calls, as they were given:
+# [(method name, args, kwargs)]. A tensor does not keep its marks; a replay needs them.
+MARKS_ATTRIBUTE = "_cute_aot_marks"
+
+
+def logged_marks(tensor) -> list | None:
+    """The tensor's logged marks as a record keeps them: [name, {parameter: value}] each, the
+    method's defaults applied and tuples as lists (None: none logged)."""
+    logged = tensor.__dict__.get(MARKS_ATTRIBUTE)
+    if logged is None:
+        return None
+    spelled = []
+    for name, args, kwargs in logged:
+        bound = _mark_signature(name).bind(tensor, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = {
+            parameter: list(value) if isinstance(value, tuple) else value
+            for parameter, value in bound.arguments.items()
+            if parameter != "self"
+        }
+        spelled.append([name, arguments])
+    return spelled
+
+
+@functools.cache
+def _mark_signature(name: str) -> inspect.Signature:
+    method = getattr(_dsl()[1]._Tensor, name)
+    return inspect.signature(getattr(method, "__wrapped__", method))
+
+
 def _example(described: dict, value):
     """What a replay needs of an argument besides its description: the value of a dynamic one
     (a tensor's shape, strides and marks; an address; a stream handle; a scalar), else None."""
@@ -569,7 +599,7 @@ def _example(described: dict, value):
             "shape": list(value.shape),
             "stride": list(value.stride),
             "storage": str(value._dltensor_wrapper.dtype),
-            "marks": getattr(value, "_cute_aot_marks", None),
+            "marks": logged_marks(value),
         }
     if "pointer" in described:
         return int(value._pointer)
