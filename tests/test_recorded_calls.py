@@ -104,6 +104,37 @@ def test_the_identity_json_is_written_exactly_as_canonical_json_writes_it():
     assert ids[-1] == ids[0]
 
 
+def test_fake_tensors_sharing_a_size_or_not_are_described_apart_from_the_cache():
+    """Fake tensors, fake streams and dynamic DSL scalars are described once per kind, like
+    tensors: the cached pieces keep each call's numbering of its symbolic sizes, so two fake
+    tensors of one size `n` and two of their own sizes stay two calls, and a call made again
+    with fresh symbols is the same call, each written as canonical(identity)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    from cute_aot.kernels.recorded import canonical
+    from cute_aot.kernels.recorded.calls import describe_call
+    from tests.user_kernels.scale import scale
+
+    def described(shared: bool, factor=2.0):
+        sizes = [cute.sym_int()] * 2 if shared else [cute.sym_int(), cute.sym_int()]
+        x, y = (make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16) for n in sizes)
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        options = cute.compile[cute.GPUArch("sm_90a"), cute.EnableTVMFFI(True)]
+        return describe_call(options, scale, (x, y, factor, stream), {"block": 128})
+
+    calls = [described(True), described(False), described(True), described(False)]
+    calls.append(described(True, cutlass.Float32(0.5)))
+    for call in calls:
+        assert call.identity_json == canonical(call.identity)
+    shared, own, shared_again, own_again, numeric = (call.call_id for call in calls)
+    assert shared == shared_again != own == own_again
+    assert numeric != shared  # a DSL Float32 is typed, unlike the float 2.0
+    sizes = [args[1]["fake"]["shape"][0]["sym"]["n"] for args in calls[1].identity["args"][:2]]
+    assert sizes == [0, 1]
+
+
 def test_marks_are_logged_as_given_and_spelled_out_as_a_record_keeps_them():
     """The hook logs a tensor's `mark_*` calls as given (an append on the caller's path, served
     or not); a record spells each out with the method's defaults, tuples as lists."""

@@ -134,7 +134,12 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     describer = _Describer()
     identity_args, arguments, pieces, env_streams, constants = [], [], [], set(), []
     flags = _parameters(target)
-    tensor = _dsl()[1]._Tensor
+    cute_runtime = _dsl()[1]
+    tensor, fake_tensor, fake_stream = (
+        cute_runtime._Tensor,
+        cute_runtime._FakeTensor,
+        cute_runtime._FakeStream,
+    )
     for index, (param, value) in enumerate(bound.items()):
         annotated, takes_type, opening = flags[param]
         # the DSL's rule (jit_arg_adapters.is_argument_constexpr): `self` first, a constant
@@ -152,8 +157,14 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
             made_of = (kind, repr(value)) if constant else kind
         elif kind is tensor:
             made_of = describer.dlpack_facts(value)
+        elif kind is fake_tensor:  # its symbols numbered in this call, as its description has
+            made_of = describer.fake_facts(value)
+        elif kind is fake_stream:
+            made_of = (kind, bool(value.use_tvm_ffi_env_stream))
+        elif not constant and _is_numeric(kind):  # a dynamic scalar: its type says it all
+            made_of = kind
         else:
-            made_of = None  # described afresh (a fake tensor's symbols are per call)
+            made_of = None  # described afresh
         found = _DESCRIBED.get(made_of) if made_of is not None else None
         described, text = found or describer.described(value, constant, param, made_of)
         identity_args.append([param, described])
@@ -421,6 +432,11 @@ def _env_stream_defaults(target) -> frozenset:
 
 
 @functools.cache
+@functools.cache
+def _is_numeric(kind: type) -> bool:
+    return issubclass(kind, _dsl()[0].Numeric)
+
+
 def _dsl():
     """(cutlass, cutlass.cute.runtime), imported once: describing runs on every served call."""
     import cutlass
@@ -518,18 +534,38 @@ class _Describer:
         number = self.symbols.setdefault(id(sym), len(self.symbols))
         return {"n": number, "width": sym.width, "div": sym.divisibility, "symbol": sym.symbol}
 
-    def _dim(self, value):
-        return {"sym": self._symbol(value)} if type(value).__name__ == "SymInt" else value
+    def fake_facts(self, tensor) -> tuple:
+        """("fake", dtype, shape, stride, memspace, alignment, 32-bit strides): what its
+        description holds, a symbolic size as ("sym", its number in this call, width,
+        divisibility, name) and any other with its type: equal facts describe alike."""
+        return (
+            "fake",
+            tensor.element_type.__name__,
+            self._dims(tensor.shape),
+            self._dims(tensor.stride),
+            str(tensor.memspace),
+            tensor._assumed_align,
+            bool(tensor._use_32bit_stride),
+        )
+
+    def _dims(self, values) -> tuple:
+        return tuple(
+            ("sym", *self._symbol(value).values())
+            if type(value).__name__ == "SymInt"
+            else (type(value), value)
+            for value in values
+        )
 
     def _fake_tensor(self, tensor) -> dict:
+        _, dtype, shape, stride, memspace, align, stride32 = self.fake_facts(tensor)
         return {
             "fake": {
-                "dtype": tensor.element_type.__name__,
-                "shape": [self._dim(d) for d in tensor.shape],
-                "stride": [self._dim(d) for d in tensor.stride],
-                "memspace": str(tensor.memspace),
-                "align": tensor._assumed_align,
-                "stride32": bool(tensor._use_32bit_stride),
+                "dtype": dtype,
+                "shape": [_dim_described(dim) for dim in shape],
+                "stride": [_dim_described(dim) for dim in stride],
+                "memspace": memspace,
+                "align": align,
+                "stride32": stride32,
             }
         }
 
@@ -589,6 +625,14 @@ def logged_marks(tensor) -> list | None:
 def _mark_signature(name: str) -> inspect.Signature:
     method = getattr(_dsl()[1]._Tensor, name)
     return inspect.signature(getattr(method, "__wrapped__", method))
+
+
+def _dim_described(dim: tuple):
+    """A size of a fake tensor's facts as its description holds it."""
+    if dim[0] == "sym":
+        _, number, width, divisibility, name = dim
+        return {"sym": {"n": number, "width": width, "div": divisibility, "symbol": name}}
+    return dim[1]
 
 
 def _example(described: dict, value):
