@@ -9,7 +9,6 @@ venvs, so that a busy machine slows each alike; medians over --runs starts each.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -20,6 +19,7 @@ import venv
 from pathlib import Path
 
 import click
+from result_file import emit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,10 +94,7 @@ def main(runs: int, out_path: Path | None) -> None:
         "median_ms": medians,
         "over_bare_ms": {name: value - base for name, value in medians.items()},
     }
-    print(json.dumps(result, indent=1))
-    if out_path:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, out_path)
 
 
 if __name__ == "__main__":

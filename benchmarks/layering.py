@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import click
+from result_file import emit
 
 PACKAGES = ("artifacts", "kernels", "aot", "runtime")
 TOOL_PACKAGES = ("cute_aot.aot.tools", "cute_aot.runtime.aot_cache", "cute_aot.runtime.tuning")
@@ -112,11 +113,7 @@ def main(tree: str | None, out_path: Path | None) -> None:
         "largest_modules": {path: n for n, path in sorted(modules, reverse=True)[:10]},
         "import_cute_aot_runtime": runtime,
     }
-    text = json.dumps(result, indent=1)
-    if out_path:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(text + "\n")
-    click.echo(text)
+    emit(result, out_path)
 
 
 if __name__ == "__main__":

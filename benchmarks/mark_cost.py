@@ -8,12 +8,12 @@ one mark, first without the hook, then with it installed; best of --repeat round
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
 
 import click
+from result_file import emit
 
 
 def _best_us(work, calls: int, repeat: int) -> float:
@@ -51,11 +51,7 @@ def main(calls: int, repeat: int, out_path: Path | None) -> None:
     for name, work in (("layout", layout), ("compact", compact)):
         result[f"{name}_hooked_us"] = _best_us(work, calls, repeat)
         result[f"{name}_added_us"] = result[f"{name}_hooked_us"] - result[f"{name}_plain_us"]
-    text = json.dumps(result, indent=1)
-    if out_path:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(text + "\n")
-    click.echo(text)
+    emit(result, out_path)
 
 
 if __name__ == "__main__":
