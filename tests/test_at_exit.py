@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,6 +35,15 @@ def _started(tmp_path: Path, body: str) -> tuple[subprocess.Popen, Path]:
     return process, out
 
 
+def _wait_in_the_kernel(pid: int, seconds: float = 10) -> None:
+    """Until the process's main thread sleeps in a futex (its semaphore wait)."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    deadline = time.monotonic() + seconds
+    while "futex" not in wchan.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "futex" in wchan.read_text()
+
+
 def _ended(process: subprocess.Popen, timeout: float = 30) -> int:
     try:
         return process.wait(timeout=timeout)
@@ -54,6 +64,7 @@ def test_sigterm_to_another_thread_while_the_main_thread_waits_in_c(tmp_path):
         lock.acquire()  # sem_wait for ever, as in a terminated pool
         """,
     )
+    _wait_in_the_kernel(process.pid)  # else the main thread may still run Python, and take it
     process.send_signal(signal.SIGTERM)
     assert _ended(process) == 128 + signal.SIGTERM  # ended, where it used to hang for ever
     assert out.read_text() == f"hooks of {process.pid}\n"
@@ -88,7 +99,7 @@ def test_a_forked_child_s_sigterm_is_its_own(tmp_path):
         os.read(started, 1)
         os.kill(child, signal.SIGTERM)
         _, status = os.waitpid(child, 0)
-        time.sleep(2)  # past the watcher's grace: a SIGTERM it saw would have ended us
+        time.sleep(1.2)  # past the watcher's grace: a SIGTERM it saw would have ended us
         print("ready", flush=True)
         print(os.WTERMSIG(status), flush=True)
         """,
