@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.package_source import parsed
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifacts", "kernels", "aot", "runtime")  # folder == cute_aot subpackage name
 TOOLS = "cute_aot.aot.tools"  # the operator's tools: above the build and the server
@@ -94,7 +96,7 @@ class _ImportCollector(ast.NodeVisitor):
 def imports_of(module: str) -> list[Import]:
     path = MODULES[module]
     collector = _ImportCollector(module, path.name == "__init__.py")
-    collector.visit(ast.parse(path.read_text(), filename=str(path)))
+    collector.visit(parsed(path))
     return collector.found
 
 

@@ -23,9 +23,8 @@ import pytest
 
 from cute_aot.artifacts import digest as digests
 from cute_aot.artifacts.digest import ABSENT, SPACED, json_digest, source_digest
+from tests.package_source import ROOT, package_files, parsed
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("aot", "artifacts", "kernels", "runtime")
 DIGEST_HOME = ROOT / "artifacts" / "digest.py"
 STORE_HOME = ROOT / "artifacts" / "urls.py"
 PROBE = ROOT / "tests" / "data" / "digest_probe.py"
@@ -41,8 +40,7 @@ PURE_STORE_METHODS = frozenset({"unstrip_protocol"})
 
 
 def _modules():
-    for package in PACKAGES:
-        yield from sorted((ROOT / package).rglob("*.py"))
+    return package_files()
 
 
 def _where(path: Path, node: ast.AST) -> str:
@@ -117,7 +115,7 @@ def _hash_objects(scope: ast.AST) -> set[str]:
 def json_digests(path: Path) -> list[str]:
     """file:line of each sha256 (or other hashlib digest) taken over JSON text, directly or
     through a name assigned from JSON in the same function."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     found = []
     for scope in _scopes(tree):
         assigned = _assigned(scope)
@@ -153,7 +151,7 @@ def json_digests(path: Path) -> list[str]:
 def source_hashes(path: Path) -> list[str]:
     """file:line of each digest updated in a loop with anything but one file's blocks: the
     shape of a hash over several sources (modules, files, their own digests)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     found = []
     for scope in _scopes(tree):
         hashers = _hash_objects(scope)
@@ -180,7 +178,7 @@ def store_calls(path: Path) -> list[str]:
     """file:line of each request to an fsspec filesystem (a name bound from urls.filesystem()
     or a parameter `fs`) made outside urls.store_call/urls.retried: a call that the one retry
     policy does not cover. Calls inside a function handed to urls.retried are covered."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     retried_steps = {
         node.args[1].id
         for node in ast.walk(tree)

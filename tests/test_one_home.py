@@ -17,21 +17,20 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("aot", "artifacts", "kernels", "runtime")
+from tests.package_source import ROOT, package_files, parsed
+
 SETTINGS = ROOT / "artifacts" / "settings.py"
 JSON_LINES = ROOT / "artifacts" / "json_lines.py"
 WRITES = ("update", "pop", "setdefault")
 
 
 def _modules():
-    for package in PACKAGES:
-        yield from sorted((ROOT / package).rglob("*.py"))
+    return package_files()
 
 
 def environment_reads(path: Path) -> list[str]:
     """file:line of every read of os.environ / os.getenv in `path` (writes are allowed)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found = []
     for node in ast.walk(tree):
@@ -111,7 +110,7 @@ def json_lines_io(path: Path) -> list[str]:
     """file:line of every JSON-lines read or append in `path`: json.loads/json.load inside a
     loop over a file's lines (a handle of `with open(...)`, readline/readlines/splitlines, or a
     loop variable named for a line), an open() in append mode, and O_APPEND."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     handles = {
         item.optional_vars.id

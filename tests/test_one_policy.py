@@ -16,7 +16,6 @@ import ast
 import dataclasses
 import warnings
 from fnmatch import fnmatch
-from pathlib import Path
 
 import pytest
 
@@ -33,10 +32,9 @@ from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, policy, set_mode
 from cute_aot.runtime.loader import LoadedBundle
 from cute_aot.runtime.serving import Serving
+from tests.package_source import ROOT, package_files, parsed
 from tests.stubs import loaded_bundle
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("artifacts", "kernels", "aot", "runtime")
 ARCH = "sm_90a"
 ROUTER = family("router_gemm")
 KEY = ROUTER.dispatch(ROUTER.parse_problem("M=2,N=8,K=64"), ARCH).key
@@ -302,10 +300,8 @@ COUNTERS = {"hits", "misses", "bypasses", "degradations"}
 
 
 def _modules():
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            if "__pycache__" not in path.parts:
-                yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(), str(path))
+    for path in package_files():
+        yield path.relative_to(ROOT).as_posix(), parsed(path)
 
 
 def mode_tests(tree: ast.AST) -> list[tuple[int, str]]:
