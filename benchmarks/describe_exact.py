@@ -1,0 +1,56 @@
+"""Whether the served describer still writes every recorded call exactly: each recreatable call
+of a record is made again (as the build's replay makes its arguments) and described twice, the
+describer's caches cold and then warm; each description must be `canonical(identity)` byte for
+byte and give the recorded call's id. Run it after any change to kernels/recorded/calls.py.
+
+    python benchmarks/describe_exact.py benchmarks/results/virtual/sweep_h200_real.record.jsonl
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("record")
+def main(record: str) -> None:
+    import cutlass.cute as cute
+    from cutlass.base_dsl import compiler
+
+    from cute_aot.kernels.recorded import RecordedCallKey, canonical, read_records
+    from cute_aot.kernels.recorded.calls import describe_call
+    from cute_aot.kernels.recorded.replay import recreate
+    from cute_aot.runtime.compile_hook import install_hook
+
+    install_hook()  # marks are logged as a served process logs them
+    exact, differing = 0, []
+    for _, line in read_records(record):
+        if not line.get("recreatable"):
+            continue
+        key = RecordedCallKey.from_fields(line["key"])
+        call = key.call_data
+        for _ in range(2):  # the describer's caches cold, then warm
+            function, positional, keyword = recreate(key)
+            if call["target"].get("object"):
+                function = positional.pop(0)
+            options = [getattr(compiler, name)(value) for name, value in call["options"].items()]
+            options.append(compiler.GPUArch(line["arch"]))
+            compile_with = cute.compile[tuple(options)]
+            described = describe_call(compile_with, function, tuple(positional), keyword)
+            if (
+                described.identity_json == canonical(described.identity)
+                and described.call_id == key.call_id
+            ):
+                exact += 1
+            else:
+                differing.append(key.call_id)
+    click.echo(f"{exact} described exactly, {len(differing)} not: {differing}")
+    sys.exit(1 if differing else 0)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()
