@@ -111,8 +111,14 @@ def test_a_second_build_while_the_first_writes_its_report_refuses_and_pairs_noth
     stop_at_fsync += ("-e", "inject=fsync:signal=STOP")
     first = start(env, out, *ROUTER_SM90, "--bundle-version", "1", wrap=stop_at_fsync)
     try:
-        wait_for(lambda: children(first.pid), 30, "strace to start the build")
-        (pid,) = children(first.pid)
+        traced: list[int] = []
+
+        def one_traced() -> bool:  # read once: a second read may race the tracer's start
+            traced[:] = children(first.pid)
+            return len(traced) == 1
+
+        wait_for(one_traced, 30, "strace to start the build")
+        (pid,) = traced
         while True:  # on to the stop after the report's fsync (its temporary file is there)
             wait_for(lambda: stopped(pid) or first.poll() is not None, 60, "an fsync's stop")
             assert first.poll() is None, first.log.read_text()
