@@ -629,9 +629,10 @@ def test_misses_aggregates_the_log_for_aot_build(bundles, tmp_path, settings_sco
         forget_recorded()  # each record as another server process writes it (once per key)
         record_miss(dispatch(m, n, k, arch), arch, {"m": m, "k": k, "n": n})
         time.sleep(0.001)
-    # The three misses of one key at times out of order in the file (a record's time has 1 s
-    # resolution, so a run this short would give them one time and hide a swap).
-    top_id, times = dispatch(3, 128, 2880, "sm_90a").id, iter(["00:20", "00:05", "00:40"])
+    # The three misses of one key at times out of order in the file, the first line neither the
+    # earliest nor the last the latest (a record's time has 1 s resolution, so a run this short
+    # would give them one time and hide a swap, or a reader keeping the first and last read).
+    top_id, times = dispatch(3, 128, 2880, "sm_90a").id, iter(["00:40", "00:05", "00:20"])
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     for line in lines:
         if line["key_id"] == top_id and line["arch"] == "sm_90a":
