@@ -432,11 +432,11 @@ def _env_stream_defaults(target) -> frozenset:
 
 
 @functools.cache
-@functools.cache
 def _is_numeric(kind: type) -> bool:
     return issubclass(kind, _dsl()[0].Numeric)
 
 
+@functools.cache
 def _dsl():
     """(cutlass, cutlass.cute.runtime), imported once: describing runs on every served call."""
     import cutlass
