@@ -30,11 +30,11 @@ _lock = threading.Lock()
 _seen: list = [None]  # the mode last answered: a different answer moves the epoch
 
 
-def parse_mode(value: str | Mode, said_as: str = "mode") -> Mode:
+def parse_mode(value: str | Mode) -> Mode:
     """A mode given by the API, read by CUTE_AOT_MODE's own grammar (artifacts/settings.py)."""
     if isinstance(value, Mode):
         return value
-    return Mode(settings.MODE.parse(str(value), said_as))
+    return Mode(settings.MODE.parse(str(value), "mode"))
 
 
 def set_mode(mode: str | Mode | None) -> None:

@@ -128,7 +128,7 @@ def decided_mode(mode: str | Mode | None = None) -> Mode:
     mode would do: `aot-cache explain --mode`), else this process's current one."""
     if mode is None:
         return current_mode()
-    return mode if isinstance(mode, Mode) else parse_mode(mode)
+    return parse_mode(mode)
 
 
 def on_load_failure(
