@@ -35,12 +35,19 @@ class Setting(namedtuple("Setting", "name default doc when_unset kind", defaults
         (`scope`) first, else the environment."""
         if self.name in _overrides:
             return _overrides[self.name] or None
-        return os.environ.get(self.name) or None
+        return _environ_get(self.name) or None
 
     def value(self):
         """The value as its kind reads it (the default where unset); an unknown value is a
         SettingError naming the variable and what it takes, never a silent default."""
-        return self.parse(self.raw() or self.default or "")
+        text = self.raw() or self.default or ""
+        found = _parsed.get((self.name, text), _parsed)  # a served call asks for the mode
+        if found is _parsed:
+            found = self.parse(text)
+            if len(_parsed) >= 256:  # a program writing ever new values
+                _parsed.clear()
+            _parsed[self.name, text] = found
+        return found
 
     def parse(self, text: str, said_as: str | None = None):
         """`text` read by this setting's kind: the one grammar, for the environment and for an
@@ -187,6 +194,34 @@ _PORT_REST = re.compile(r"^[0-9]+(?:/|\Z)")
 # In-process values that win over the environment (name -> value; "" or None: unset), for code
 # and tests that set a setting for this process only: a child process sees the environment.
 _overrides: dict[str, str | None] = {}
+# (name, text) -> its value as read: parsing a flag or a choice costs more than the lookup.
+_parsed: dict[tuple[str, str], object] = {}
+
+
+def _environ_reader():
+    """`os.environ.get`, without the exception `os.environ` raises inside for each unset name
+    (a served call reads about ten variables, most of them unset): its own mapping, read by the
+    encoded name. Changes through os.environ (monkeypatch, a server) show at once, as they do
+    through os.environ.get, which stays the reader where that mapping is not what CPython's
+    os module keeps."""
+    data = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    decode = getattr(os.environ, "decodevalue", None)
+    if not isinstance(data, dict) or encode is None or decode is None:
+        return os.environ.get
+    keys: dict[str, object] = {}  # name -> its key in that mapping
+
+    def get(name: str) -> str | None:
+        key = keys.get(name)
+        if key is None:
+            key = keys[name] = encode(name)
+        value = data.get(key)
+        return None if value is None else decode(value)
+
+    return get
+
+
+_environ_get = _environ_reader()
 
 
 def _as_flag(name: str, text: str, _choices: str) -> bool:
@@ -390,7 +425,7 @@ def environment(names) -> dict[str, str]:
     found = {}
     for name in names:
         setting = _BY_NAME.get(name)
-        value = setting.raw() if setting is not None else os.environ.get(name)
+        value = setting.raw() if setting is not None else _environ_get(name)
         if value:
             found[name] = value
     return found

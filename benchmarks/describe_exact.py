@@ -43,6 +43,8 @@ def main(record: str) -> None:
             if (
                 described.identity_json == canonical(described.identity)
                 and described.call_id == key.call_id
+                # and the id the recording process derived, where that is the call's own
+                and (key.hardware or described.call_id == line["key_id"])
             ):
                 exact += 1
             else:

@@ -20,6 +20,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cute_aot.artifacts import digest as digests
 from cute_aot.artifacts.digest import ABSENT, SPACED, json_digest, source_digest
@@ -513,3 +515,24 @@ def test_module_source_hashes_match_the_previous_code():
     for name in fingerprints.PACKER_DATA:
         previous.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
     assert fingerprints.packer_code_digest() == previous.hexdigest()
+
+
+@given(call=st.text(), version=st.integers(min_value=-(2**70), max_value=2**70))
+@settings(max_examples=300, deadline=None)
+def test_a_recorded_call_s_id_written_in_place_is_the_one_digest_s(call, version):
+    """A served call's id is hashed over its JSON escaped and written in place (faster than
+    the encoder): for any text, non-ASCII, control characters, quotes and backslashes
+    included, it is json_digest's."""
+    from cute_aot.artifacts.digest import KEY_ID_LENGTH
+    from cute_aot.kernels.recorded import (
+        FAMILY,
+        RecordedCallKey,
+        call_id_of_escaped,
+        escaped_json,
+    )
+
+    expected = json_digest(
+        {"family": FAMILY, "call": call, "version": version}, length=KEY_ID_LENGTH
+    )
+    assert call_id_of_escaped(escaped_json(call), version) == expected
+    assert RecordedCallKey(call=call, version=version).call_id == expected

@@ -99,9 +99,19 @@ def test_the_identity_json_is_written_exactly_as_canonical_json_writes_it():
     for call, repeated in zip(first, again, strict=True):
         assert call.identity_json == canonical(call.identity)
         assert repeated.identity_json == call.identity_json
+        # its id, hashed over the escaped text written alike, is the one digest's of the call
+        assert call.call_id == repeated.call_id == _digest_of_call(canonical(call.identity))
     ids = [call.call_id for call in first]
     assert len(set(ids)) == len(ids) - 1  # only a dynamic size (n=7) keeps the id of block=128
     assert ids[-1] == ids[0]
+
+
+def _digest_of_call(call_json: str) -> str:
+    from cute_aot.artifacts.digest import KEY_ID_LENGTH, json_digest
+    from cute_aot.kernels.recorded import FAMILY, FAMILY_VERSION
+
+    identity = {"family": FAMILY, "call": call_json, "version": FAMILY_VERSION}
+    return json_digest(identity, length=KEY_ID_LENGTH)
 
 
 def test_fake_tensors_sharing_a_size_or_not_are_described_apart_from_the_cache():
@@ -128,6 +138,7 @@ def test_fake_tensors_sharing_a_size_or_not_are_described_apart_from_the_cache()
     calls.append(described(True, cutlass.Float32(0.5)))
     for call in calls:
         assert call.identity_json == canonical(call.identity)
+        assert call.call_id == _digest_of_call(call.identity_json)
     shared, own, shared_again, own_again, numeric = (call.call_id for call in calls)
     assert shared == shared_again != own == own_again
     assert numeric != shared  # a DSL Float32 is typed, unlike the float 2.0

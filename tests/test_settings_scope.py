@@ -14,9 +14,12 @@ flagged; variables that are no setting (CC, COLUMNS, a test's own) are not its b
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from cute_aot.artifacts import settings
 from tests.conftest import child_env
@@ -42,7 +45,11 @@ PROCESS_NAMES = {
 }
 # function (file::name) -> why it may set a setting in the environment without starting a
 # process itself (none now).
-ALLOWED: dict[str, str] = {}
+ALLOWED: dict[str, str] = {
+    "test_settings_scope.py::test_the_environment_is_read_as_it_is_now": (
+        "the environment reader itself is under test"
+    ),
+}
 
 
 def _called_name(call: ast.Call) -> tuple[str | None, str]:
@@ -292,3 +299,26 @@ def test_tool_process_disables_the_hook_in_process_too(settings_scope):
     with settings.tool_process():
         assert settings.disabled()
     assert not settings.disabled()
+
+
+def test_the_environment_is_read_as_it_is_now(monkeypatch):
+    """Settings and the DSL's variables are read from os.environ at every call, through its own
+    mapping (no exception per unset name): each change shows at once, an unset name reads as
+    unset, a value that is not UTF-8 reads as os.environ gives it, and a parsed value is
+    parsed again when it changes. A bad value fails every time it is read, not once."""
+    name, dsl_name = settings.MODE.name, "CUTE_DSL_LINEINFO"
+    monkeypatch.delenv(name, raising=False)
+    assert settings.MODE.value() == "auto"
+    monkeypatch.setenv(name, " AOT ")
+    assert settings.MODE.value() == "aot"
+    monkeypatch.setenv(name, "never")
+    for _ in range(2):
+        with pytest.raises(settings.SettingError, match="CUTE_AOT_MODE='never'"):
+            settings.MODE.value()
+    monkeypatch.delenv(name)
+    assert settings.MODE.value() == "auto"
+    odd = os.fsdecode(b"caf\xe9")  # as os.environ decodes bytes that are not UTF-8
+    monkeypatch.setenv(dsl_name, odd)
+    assert settings.environment([dsl_name, "CUTE_DSL_NEVER_SET_ANYWHERE"]) == {dsl_name: odd}
+    monkeypatch.delenv(dsl_name)
+    assert settings.environment([dsl_name]) == {}
