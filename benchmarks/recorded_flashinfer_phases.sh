@@ -4,6 +4,9 @@
 #   record  FlashInfer JIT-compiles as usual; CUTE_AOT_RECORD=<out>/records/ (one file per process)
 #   build   aot-build --from-record on this host's CPUs, the GPU hidden (a GPU-less build)
 #   aot     CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot: every kernel served from the bundle
+#   replayed the record's calls made again as a CPU makes them (tensors over no memory) and
+#           served from the bundle: benchmarks/served_first_use.py, the figure this CPU-only
+#           machine measures too, here on the GPU host's CPU (<out>/replayed.json)
 #   virtual the record step with no GPU: CUTE_AOT_VIRTUAL=${VIRTUAL:-h200} (runtime/virtual);
 #           build it with FROM=<out>/virtual-records/, serve another bundle with BUNDLES=<dir>
 # and the baselines for readiness: FlashInfer as it starts cold by default (JIT, each kernel then
@@ -27,6 +30,9 @@ for phase in "$@"; do
               --arch sm90a --out "$out/bundles" --name recorded --no-cache --quiet ;;
     aot) CUTE_AOT_BUNDLES="${BUNDLES:-$out/bundles}" CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot \
            CUTE_AOT_REPORT="$out/aot.report.json" "${bench[@]}" run --phase aot --out "$out/aot.json" ;;
+    replayed) CUTE_AOT_BUNDLES="${BUNDLES:-$out/bundles}" CUTE_AOT_INTERCEPT=1 CUTE_AOT_MODE=aot \
+                python3 benchmarks/served_first_use.py "${FROM:-$out/records/}" --passes 4 \
+                --out "$out/replayed.json" ;;
     jit) CUTE_AOT_REPORT="$out/jit.report.json" "${bench[@]}" run --phase jit --keep-disk-cache \
            --out "$out/jit.json" ;;
     disk) CUTE_AOT_REPORT="$out/disk.report.json" "${bench[@]}" run --phase disk \
