@@ -12,17 +12,14 @@ import sys
 from pathlib import Path
 
 import click
+from remade_calls import remade
 
 
 @click.command()
 @click.argument("record")
 def main(record: str) -> None:
-    import cutlass.cute as cute
-    from cutlass.base_dsl import compiler
-
     from cute_aot.kernels.recorded import RecordedCallKey, canonical, read_records
     from cute_aot.kernels.recorded.calls import describe_call
-    from cute_aot.kernels.recorded.replay import recreate
     from cute_aot.runtime.compile_hook import install_hook
 
     install_hook()  # marks are logged as a served process logs them
@@ -31,14 +28,8 @@ def main(record: str) -> None:
         if not line.get("recreatable"):
             continue
         key = RecordedCallKey.from_fields(line["key"])
-        call = key.call_data
         for _ in range(2):  # the describer's caches cold, then warm
-            function, positional, keyword = recreate(key)
-            if call["target"].get("object"):
-                function = positional.pop(0)
-            options = [getattr(compiler, name)(value) for name, value in call["options"].items()]
-            options.append(compiler.GPUArch(line["arch"]))
-            compile_with = cute.compile[tuple(options)]
+            compile_with, function, positional, keyword = remade(line)
             described = describe_call(compile_with, function, tuple(positional), keyword)
             if (
                 described.identity_json == canonical(described.identity)

@@ -11,6 +11,7 @@ runs of the same program (say, FlashInfer's own calls against the record's calls
 from __future__ import annotations
 
 import collections
+import inspect
 import json
 import runpy
 import statistics
@@ -48,7 +49,9 @@ def main(out_path: Path, program: str, args: tuple[str, ...]) -> None:
     for module, cls, name, step in METHODS:
         owner = getattr(importlib.import_module(module), cls)
         wrapped = _timed(getattr(owner, name), seconds[step])
-        setattr(owner, name, staticmethod(wrapped) if name == "dlpack_facts" else wrapped)
+        if isinstance(inspect.getattr_static(owner, name), staticmethod):
+            wrapped = staticmethod(wrapped)
+        setattr(owner, name, wrapped)
     sys.argv = [program, *args]
     try:
         runpy.run_path(program, run_name="__main__")

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import click
+from remade_calls import remade
 
 
 @click.command()
@@ -50,25 +51,8 @@ def main(record: str, passes: int, out_path: Path | None) -> None:
 
 
 def _calls(lines: list[dict]) -> list[tuple]:
-    """Each recorded call made again, its arguments fresh: (compile callable, function,
-    positional, keyword)."""
-    import cutlass.cute as cute
-    from cutlass.base_dsl import compiler
-
-    from cute_aot.kernels.recorded import RecordedCallKey
-    from cute_aot.kernels.recorded.replay import recreate
-
-    calls = []
-    for line in lines:
-        key = RecordedCallKey.from_fields(line["key"])
-        call = key.call_data
-        function, positional, keyword = recreate(key)
-        if call["target"].get("object"):  # called as the kernel object, as its caller did
-            function = positional.pop(0)
-        options = [getattr(compiler, name)(value) for name, value in call["options"].items()]
-        options.append(compiler.GPUArch(line["arch"]))
-        calls.append((cute.compile[tuple(options)], function, positional, keyword))
-    return calls
+    """Each recorded call made again, its arguments fresh."""
+    return [remade(line) for line in lines]
 
 
 def _serve(calls: list[tuple], forget: bool = False) -> list[float]:
