@@ -66,6 +66,7 @@ ENTRY_POINT_GROUP = "cute_aot.families"
 _lock = threading.RLock()
 _points: dict[str, metadata.EntryPoint] | None = None  # name -> its entry point, found once
 _loaded: dict[str, KernelFamily | None] = {}  # name -> the family, None: left out (warned)
+_NOT_LOADED = object()
 
 
 def _warn(message: str) -> None:
@@ -98,6 +99,9 @@ def _package(point: metadata.EntryPoint) -> str:
 def _load(name: str) -> KernelFamily | None:
     """The family registered as `name`, imported on first use; None when it is not registered
     or its package fails to import (one warning naming it; the others keep working)."""
+    found = _loaded.get(name, _NOT_LOADED)  # without the lock: a served call's first use asks
+    if found is not _NOT_LOADED:
+        return found
     with _lock:
         if name in _loaded:
             return _loaded[name]

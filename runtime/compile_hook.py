@@ -19,6 +19,7 @@ before in mode auto (recorded for the next build), raises in mode aot, and mode 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import types
@@ -258,7 +259,7 @@ def _kernel_for_this_gpu(call, arch: str):
     )
     why = None
     for fields in candidates:
-        built = RecordedCallKey.from_fields(fields)
+        built = _key_of_entry(fields)
         if built.call == call.identity_json:  # nearly always: the entry of this very call
             built.of_call(call.call_id, call.identity)
         if not built.hardware:
@@ -268,6 +269,18 @@ def _kernel_for_this_gpu(call, arch: str):
             return built, None
         why = why or f"recorded kernel {built.id}: {differ}"
     return call.key(), why
+
+
+def _key_of_entry(fields: dict) -> RecordedCallKey:
+    """A loaded entry's key, made directly where its fields are a recorded key's own (every
+    entry a build writes), else by `from_fields`, which says what is wrong: a served call's
+    first use makes one."""
+    if fields.keys() == _KEY_FIELDS and fields["family"] == FAMILY:
+        return RecordedCallKey(fields["call"], fields["replay"], fields["version"])
+    return RecordedCallKey.from_fields(fields)
+
+
+_KEY_FIELDS = frozenset({"family", "call", "replay", "version"})
 
 
 def _device_index() -> int:
@@ -309,9 +322,7 @@ def _rebound(wrapper, function):
     """`wrapper`'s code calling `function` instead: a kernel of a signature seen before gets its
     wrapper without generating and compiling Python again (tvm-ffi keeps the function called
     in the generated code's globals). None where this tvm-ffi keeps it elsewhere."""
-    from tvm_ffi.utils import kwargs_wrapper
-
-    name = getattr(kwargs_wrapper, "_INTERNAL_TARGET_FUNC", None)
+    name = _target_global()
     if name is None or name not in wrapper.__globals__:
         return None
     made = types.FunctionType(
@@ -323,6 +334,14 @@ def _rebound(wrapper, function):
     )
     made.__kwdefaults__ = wrapper.__kwdefaults__
     return made
+
+
+@functools.cache
+def _target_global() -> str | None:
+    """The global through which tvm-ffi's generated wrappers call their function, if known."""
+    from tvm_ffi.utils import kwargs_wrapper
+
+    return getattr(kwargs_wrapper, "_INTERNAL_TARGET_FUNC", None)
 
 
 def _call_site(frame=None) -> str:

@@ -28,8 +28,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cute_aot.artifacts.errors import (
     JitUnavailableError,
@@ -175,8 +174,7 @@ def unservable(family: str, key_id: str, arch: str, why: str, subject: tuple, me
     warn_once(subject, message)
 
 
-@dataclass(frozen=True)
-class Resolution:
+class Resolution(NamedTuple):  # a tuple: made on every served call's first use
     function: Callable | None  # None: the served library compiles it itself
     source: str  # "bundle" | "overlay" | "jit" | "reference" | "library"
 

@@ -109,7 +109,10 @@ class RecordedCallKey(KernelKey):
         """This key, told what a live call of the same `call` string worked out already (its
         id and data), instead of deriving them again from the 3 KB string: a served call's
         entry key. The caller has compared the strings."""
-        vars(self).update(call_id=call_id, call_data=call_data)
+        known = vars(self)
+        known.update(call_id=call_id, call_data=call_data)
+        if self.replay.endswith(_NO_ANSWERS):  # no answers: its id is the call's (see `id`)
+            known.update(hardware={}, id=call_id)
         return self
 
     @functools.cached_property

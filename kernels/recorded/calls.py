@@ -59,19 +59,20 @@ class NotRecreatable(Exception):
     """This call cannot be described as data a CPU can replay; str() says why."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Call:
-    """One `cute.compile` call: its identity, what a replay needs, and how to call its result."""
+    """One `cute.compile` call: its identity, what a replay needs, and how to call its result.
+    Made by describe_call, which writes the identity's JSON and its id from cached pieces:
+    plain attributes, which a served call reads once each."""
 
     identity: dict
     signature: dict  # kwargs wrapper spec of the compiled function: names and defaults
-    arch: str | None = None  # the architecture the options name, if they do
+    arch: str | None  # the architecture the options name, if they do
     # Per argument (positional, then keyword by name): (its identity, the value given).
-    arguments: tuple = ()
-    # canonical(identity), where the describer wrote it already (from cached pieces), and that
-    # text escaped as a JSON string's inside (what the call's id hashes), written alike
-    written_json: str | None = None
-    escaped_json: str | None = None
+    arguments: tuple
+    identity_json: str  # canonical(identity): what tells one compiled kernel from another
+    call_id: str  # the id a kernel of this call has where its trace asked the GPU nothing
+    tvm_ffi: bool  # whether the caller compiled for TVM-FFI (then it calls a TVM-FFI function)
 
     def key(self, hardware: dict | None = None, device: dict | None = None) -> RecordedCallKey:
         """The key, with the hardware answers its trace got and the GPU that gave them."""
@@ -85,23 +86,6 @@ class Call:
         """Per argument: the concrete value a replay needs (a dynamic one's), else None. Only a
         record or a miss asks: a hit needs the call's id alone."""
         return [_example(described, value) for described, value in self.arguments]
-
-    @functools.cached_property
-    def identity_json(self) -> str:
-        """The identity's canonical JSON: what tells one compiled kernel from another."""
-        return self.written_json or canonical(self.identity)
-
-    @functools.cached_property
-    def call_id(self) -> str:
-        """The id a kernel of this call has where its trace asked the GPU nothing."""
-        if self.escaped_json is not None:
-            return call_id_of_escaped(self.escaped_json)
-        return RecordedCallKey(call=self.identity_json).call_id
-
-    @functools.cached_property
-    def tvm_ffi(self) -> bool:
-        """Whether the caller compiled for TVM-FFI (then it calls a TVM-FFI function)."""
-        return asks_tvm_ffi(self.identity)
 
     @property
     def target(self) -> str:
@@ -142,7 +126,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         if bound.get(variadic):
             raise NotRecreatable(f"{name}: takes *{variadic}, which records do not hold")
     describer = _Describer()
-    identity_args, arguments, pieces, escaped_pieces, env_streams = [], [], [], [], set()
+    described_args, pieces, escaped_pieces, env_streams = [], [], [], set()
     first_constant = False
     flags = _parameters(target)
     cute_runtime = _dsl()[1]
@@ -152,7 +136,8 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         cute_runtime._FakeStream,
     )
     for index, (param, value) in enumerate(bound.items()):
-        annotated, takes_type, opening, opening_escaped = flags[param]
+        parameter = flags[param]
+        annotated, takes_type, _, _, written = parameter
         # the DSL's rule (jit_arg_adapters.is_argument_constexpr): `self` first, a constant
         # annotation, None, or a type where no other annotation says otherwise
         constant = (
@@ -162,26 +147,32 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
             or (takes_type and isinstance(value, type))
         )
         # What the common kinds are made of, inline (a hit describes every argument): the
-        # cache's key; repr tells -0.0 from 0.0 and keeps NaN one value.
+        # cache's key. A float by its repr, which tells -0.0 from 0.0 and keeps NaN one value.
         kind = type(value)
         if kind in _PLAIN:
-            made_of = (kind, repr(value)) if constant else kind
+            if not constant:
+                made_of = kind
+            else:
+                made_of = (kind, repr(value)) if kind is float else (kind, value)
         elif kind is tensor:
             made_of = describer.dlpack_facts(value)
         elif kind is fake_tensor:  # its symbols numbered in this call, as its description has
             made_of = describer.fake_facts(value)
         elif kind is fake_stream:
             made_of = (kind, bool(value.use_tvm_ffi_env_stream))
+        elif _is_cuda_stream(kind):
+            made_of = (kind, int(value) == 0)
         elif not constant and _is_numeric(kind):  # a dynamic scalar: its type says it all
             made_of = kind
         else:
             made_of = None  # described afresh
-        found = _DESCRIBED.get(made_of) if made_of is not None else None
-        described, text, escaped = found or describer.described(value, constant, param, made_of)
-        identity_args.append([param, described])
-        arguments.append((described, value))
-        pieces.append(opening + text + "]")
-        escaped_pieces.append(opening_escaped + escaped + "]")
+        found = written.get(made_of) if made_of is not None else None
+        if found is None:
+            found = _written(describer, parameter, param, value, constant, made_of)
+        described, piece, escaped_piece = found
+        described_args.append(described)
+        pieces.append(piece)
+        escaped_pieces.append(escaped_piece)
         if index == 0:
             first_constant = constant
         if described is _ENV_STREAM:
@@ -193,7 +184,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     identity = {
         "target": target_data,
         "source": source,
-        "args": identity_args,
+        "args": [[param, entry] for param, entry in zip(bound, described_args, strict=True)],
         "options": chosen.identity,
         "env": env,
     }
@@ -209,7 +200,16 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
     if env_streams:  # in the signature's order, as the DSL's spec names them
         env_streams = [param for param in flags if param in env_streams]
     signature = _wrapper_spec(target, tuple(env_streams))
-    return Call(identity, signature, arch, tuple(arguments), written, escaped)
+    arguments = tuple(zip(described_args, bound.values(), strict=True))
+    return Call(
+        identity,
+        signature,
+        arch,
+        arguments,
+        written,
+        call_id_of_escaped(escaped),
+        asks_tvm_ffi(identity),
+    )
 
 
 _SELF = ("self", "cls")
@@ -282,10 +282,12 @@ def _hash_files(paths: tuple[str, ...]) -> str:
 
 
 @functools.cache
-def _parameters(target) -> dict[str, tuple[bool, bool, str, str]]:
+def _parameters(target) -> dict[str, tuple[bool, bool, str, str, dict]]:
     """name -> (annotated as a constant, a type passed to it is a constant, how the argument's
-    entry in the identity JSON opens, that opening escaped) of each parameter (jit_arg_adapters.
-    is_arg_annotation_constexpr), worked out once per target."""
+    entry in the identity JSON opens, that opening escaped, the entries written for it) of each
+    parameter (jit_arg_adapters.is_arg_annotation_constexpr), worked out once per target. The
+    last is `_written`'s: what an argument is made of -> (its description, its whole entry in
+    the identity JSON, that entry escaped)."""
     from cutlass import Constexpr
 
     found = {}
@@ -299,7 +301,7 @@ def _parameters(target) -> dict[str, tuple[bool, bool, str, str]]:
         )
         takes_type = annotation is inspect.Parameter.empty or typing.get_origin(annotation) is type
         opening = f"[{canonical(name)},"
-        found[name] = (annotated, takes_type, opening, escaped_json(opening))
+        found[name] = (annotated, takes_type, opening, escaped_json(opening), {})
     return found
 
 
@@ -462,6 +464,12 @@ def _is_numeric(kind: type) -> bool:
 
 
 @functools.cache
+def _is_cuda_stream(kind: type) -> bool:
+    """A driver stream handle (described by whether it is the null stream)."""
+    return kind.__name__ == "CUstream" and not hasattr(kind, "use_tvm_ffi_env_stream")
+
+
+@functools.cache
 def _dsl():
     """(cutlass, cutlass.cute.runtime), imported once: describing runs on every served call."""
     import cutlass
@@ -478,6 +486,25 @@ _ENV_STREAM = {"stream": "env"}
 # constants fill it.
 _DESCRIBED: dict[tuple, tuple[dict, str, str]] = {}
 _DESCRIBED_MAX = 4096
+
+
+# Entries a parameter's table (`_parameters`) keeps before it starts again.
+_WRITTEN_MAX = 512
+
+
+def _written(describer, parameter: tuple, param: str, value, constant: bool, made_of):
+    """(argument `param`'s description, its entry in the identity JSON, that entry escaped),
+    kept in the parameter's table under `made_of` where that is not None: the next call with
+    an argument made alike finds the whole entry written."""
+    _, _, opening, opening_escaped, written = parameter
+    found = _DESCRIBED.get(made_of) if made_of is not None else None
+    described, text, escaped = found or describer.described(value, constant, param, made_of)
+    entry = (described, f"{opening}{text}]", f"{opening_escaped}{escaped}]")
+    if made_of is not None:
+        if len(written) >= _WRITTEN_MAX:
+            written.clear()
+        written[made_of] = entry
+    return entry
 
 
 class _Describer:
