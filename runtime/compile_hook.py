@@ -247,7 +247,8 @@ def _kernel_for_this_gpu(call, arch: str):
     was built before answers were part of the id, and then its answers are checked). Else the
     kernel of this call whose recorded answers this GPU gives, each asked of it; None of them:
     the live call's key (for the miss log) and why, naming the answers."""
-    own = REGISTRY.entry_key(FAMILY, call.call_id, arch)
+    call_id = call.call_id
+    own = REGISTRY.entry_key(FAMILY, call_id, arch)
     candidates = (
         [own]
         if own is not None
@@ -261,7 +262,7 @@ def _kernel_for_this_gpu(call, arch: str):
     for fields in candidates:
         built = _key_of_entry(fields)
         if built.call == call.identity_json:  # nearly always: the entry of this very call
-            built.of_call(call.call_id, call.identity)
+            built.of_call(call_id, call.identity)
         if not built.hardware:
             return built, None
         differ = hardware.differences(built.replay_data, _device_index())

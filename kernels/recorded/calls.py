@@ -62,8 +62,8 @@ class NotRecreatable(Exception):
 @dataclass
 class Call:
     """One `cute.compile` call: its identity, what a replay needs, and how to call its result.
-    Made by describe_call, which writes the identity's JSON and its id from cached pieces:
-    plain attributes, which a served call reads once each."""
+    Made by describe_call, which writes the identity's JSON and that JSON escaped from cached
+    pieces; a hit remembered before reads nothing else."""
 
     identity: dict
     signature: dict  # kwargs wrapper spec of the compiled function: names and defaults
@@ -71,8 +71,7 @@ class Call:
     # Per argument (positional, then keyword by name): (its identity, the value given).
     arguments: tuple
     identity_json: str  # canonical(identity): what tells one compiled kernel from another
-    call_id: str  # the id a kernel of this call has where its trace asked the GPU nothing
-    tvm_ffi: bool  # whether the caller compiled for TVM-FFI (then it calls a TVM-FFI function)
+    escaped_json: str  # that text escaped as a JSON string's inside: what its id hashes
 
     def key(self, hardware: dict | None = None, device: dict | None = None) -> RecordedCallKey:
         """The key, with the hardware answers its trace got and the GPU that gave them."""
@@ -80,6 +79,17 @@ class Call:
         if device is not None:
             replay["device"] = device
         return RecordedCallKey(call=self.identity_json, replay=canonical(replay))
+
+    @functools.cached_property
+    def call_id(self) -> str:
+        """The id a kernel of this call has where its trace asked the GPU nothing (a hit
+        remembered before needs none: worked out on first use)."""
+        return call_id_of_escaped(self.escaped_json)
+
+    @functools.cached_property
+    def tvm_ffi(self) -> bool:
+        """Whether the caller compiled for TVM-FFI (then it calls a TVM-FFI function)."""
+        return asks_tvm_ffi(self.identity)
 
     @functools.cached_property
     def examples(self) -> list:
@@ -201,15 +211,7 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
         env_streams = [param for param in flags if param in env_streams]
     signature = _wrapper_spec(target, tuple(env_streams))
     arguments = tuple(zip(described_args, bound.values(), strict=True))
-    return Call(
-        identity,
-        signature,
-        arch,
-        arguments,
-        written,
-        call_id_of_escaped(escaped),
-        asks_tvm_ffi(identity),
-    )
+    return Call(identity, signature, arch, arguments, written, escaped)
 
 
 _SELF = ("self", "cls")
