@@ -205,6 +205,52 @@ def test_a_kernel_object_holding_classes_is_described_by_their_names_and_rebuilt
         describe_call(cute.compile, Local(128), (x, 1000), {})
 
 
+def test_a_kernel_object_is_described_by_its_state_as_it_is_at_each_call():
+    """An object of plain state is described once per state (the next call with that state
+    finds it written); a changed value, -0.0 against 0.0, a new attribute and a list whose items
+    change are each told apart, exactly as describing afresh tells them."""
+    import cutlass.cute as cute
+
+    from cute_aot.kernels.recorded import canonical
+    from cute_aot.kernels.recorded.calls import describe_call
+    from tests.user_kernels.compile_calls import arguments
+    from tests.user_kernels.keyed import StateScale
+
+    x = arguments(1000)[0]
+
+    def described(kernel):
+        call = describe_call(cute.compile, kernel, (x, 1000), {})
+        assert call.identity_json == canonical(call.identity)
+        return call.identity["args"][0][1], call.identity_json
+
+    kernel = StateScale(128, 1e-6)
+    state, first = described(kernel)
+    assert state == {
+        "object": "tests.user_kernels.keyed:StateScale",
+        "state": {
+            "block": {"py": "int", "value": 128},
+            "dtype": {"dsl_type": "Float32"},
+            "eps": {"py": "float", "value": 1e-6},
+        },
+    }
+    assert described(StateScale(128, 1e-6))[1] == described(kernel)[1] == first
+    kernel.block = 256
+    assert described(kernel)[0]["state"]["block"] == {"py": "int", "value": 256}
+    zero, negative = described(StateScale(128, 0.0)), described(StateScale(128, -0.0))
+    assert zero[0]["state"]["eps"] == {"py": "float", "value": 0.0}
+    assert negative[0]["state"]["eps"] == {"py": "float", "value": -0.0}
+    assert zero[1] != negative[1]
+    kernel.tiles = [1, 2]
+    listed = described(kernel)
+    kernel.tiles.append(3)
+    grown = described(kernel)
+    assert listed[0]["state"]["tiles"] == {
+        "tuple": [{"py": "int", "value": 1}, {"py": "int", "value": 2}]
+    }
+    assert len(grown[0]["state"]["tiles"]["tuple"]) == 3
+    assert len({first, listed[1], grown[1], described(kernel)[1]}) == 3
+
+
 def test_served_functions_of_one_signature_share_its_wrapper_and_each_calls_its_own():
     from cute_aot.runtime.compile_hook import _callable_as_compiled
 

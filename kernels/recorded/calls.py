@@ -174,6 +174,8 @@ def describe_call(compile_callable, func, args: tuple, kwargs: dict) -> Call:
             made_of = (kind, int(value) == 0)
         elif not constant and _is_numeric(kind):  # a dynamic scalar: its type says it all
             made_of = kind
+        elif constant and _described_by_state(kind):  # a kernel object, mostly: `self`
+            made_of = _state_facts(value)  # None: not plain values alone, described afresh
         else:
             made_of = None  # described afresh
         found = written.get(made_of) if made_of is not None else None
@@ -463,6 +465,42 @@ def _env_stream_defaults(target) -> frozenset:
 @functools.cache
 def _is_numeric(kind: type) -> bool:
     return issubclass(kind, _dsl()[0].Numeric)
+
+
+@functools.cache
+def _described_by_state(kind: type) -> bool:
+    """Whether a constant of `kind` is described by its class and its `__dict__` (the last rule
+    of _Describer.argument), no rule before it applying."""
+    cutlass, cute_runtime = _dsl()
+    earlier = (type, bool, int, float, str, tuple, list, enum.Enum, cutlass.Numeric)
+    runtime_kinds = (cute_runtime._Tensor, cute_runtime._FakeTensor, cute_runtime._Pointer)
+    return (
+        not issubclass(kind, earlier + runtime_kinds)
+        and kind.__name__ not in ("CUstream", "_FakeStream", "SymInt")
+        and not hasattr(kind, "use_tvm_ffi_env_stream")
+        and not hasattr(kind, "__get__")  # functions, methods, descriptors: routines
+        and hasattr(kind, "__dict__")
+    )
+
+
+def _state_facts(value) -> tuple | None:
+    """What a constant object's description is made of, (its class, its state), where its
+    `__dict__` holds plain values and classes alone (each described by itself; a float by its
+    repr); None where it holds anything else, whose own state could change unseen."""
+    try:
+        state = vars(value)
+    except TypeError:  # no __dict__ on this instance: argument() says why
+        return None
+    items = []
+    for attr, item in state.items():
+        kind = type(item)
+        if kind in _PLAIN:
+            items.append((attr, kind, repr(item) if kind is float else item))
+        elif isinstance(item, type):
+            items.append((attr, item))
+        else:
+            return None
+    return (type(value), tuple(items))
 
 
 @functools.cache

@@ -12,3 +12,13 @@ class KeyedScale:
 
     def __call__(self, x: cute.Tensor, n: cutlass.Int32):  # described only, never traced here
         raise NotImplementedError
+
+
+class StateScale:
+    """A kernel object of plain state and a dtype class, as FlashInfer's norm kernels are."""
+
+    def __init__(self, block: int, eps: float, dtype=cutlass.Float32):
+        self.block, self.eps, self.dtype = block, eps, dtype
+
+    def __call__(self, x: cute.Tensor, n: cutlass.Int32):  # described only, never traced here
+        raise NotImplementedError
