@@ -479,7 +479,6 @@ def _described_by_state(kind: type) -> bool:
         and kind.__name__ not in ("CUstream", "_FakeStream", "SymInt")
         and not hasattr(kind, "use_tvm_ffi_env_stream")
         and not hasattr(kind, "__get__")  # functions, methods, descriptors: routines
-        and hasattr(kind, "__dict__")
     )
 
 
