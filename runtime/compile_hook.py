@@ -260,7 +260,7 @@ def _kernel_for_this_gpu(call, arch: str):
     )
     why = None
     for fields in candidates:
-        built = _key_of_entry(fields)
+        built = RecordedCallKey.from_fields(fields)
         if built.call == call.identity_json:  # nearly always: the entry of this very call
             built.of_call(call_id, call.identity)
         if not built.hardware:
@@ -270,18 +270,6 @@ def _kernel_for_this_gpu(call, arch: str):
             return built, None
         why = why or f"recorded kernel {built.id}: {differ}"
     return call.key(), why
-
-
-def _key_of_entry(fields: dict) -> RecordedCallKey:
-    """A loaded entry's key, made directly where its fields are a recorded key's own (every
-    entry a build writes), else by `from_fields`, which says what is wrong: a served call's
-    first use makes one."""
-    if fields.keys() == _KEY_FIELDS and fields["family"] == FAMILY:
-        return RecordedCallKey(fields["call"], fields["replay"], fields["version"])
-    return RecordedCallKey.from_fields(fields)
-
-
-_KEY_FIELDS = frozenset({"family", "call", "replay", "version"})
 
 
 def _device_index() -> int:

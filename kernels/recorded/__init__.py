@@ -38,6 +38,7 @@ RECORD_FORMAT = 1
 # the GPU nothing.
 _NO_ANSWERS = '"hardware":{}}'
 _FAMILY_JSON = canonical_json(FAMILY)
+_FIELDS = frozenset({"family", "call", "replay", "version"})  # a recorded key's, as written
 
 
 # The one JSON spelling of record data (sorted keys, no spaces): artifacts/digest.py's.
@@ -100,6 +101,15 @@ class RecordedCallKey(KernelKey):
             return call_id_of_escaped(escaped_json(self.call), self.version)
         identity = {"family": FAMILY, "call": self.call, "version": self.version}
         return json_digest(identity, length=KEY_ID_LENGTH)
+
+    @classmethod
+    def from_fields(cls, fields: dict) -> RecordedCallKey:
+        """KernelKey.from_fields, made directly where the fields are exactly a recorded key's
+        (every entry a build writes: a served call's first use makes one); anything else goes
+        the general way, which says what is wrong."""
+        if fields.keys() == _FIELDS and fields["family"] == FAMILY:
+            return cls(fields["call"], fields["replay"], fields["version"])
+        return super().from_fields(fields)
 
     @functools.cached_property
     def call_data(self) -> dict:
