@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cute_aot.aot.link import link_library
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
-from cute_aot.artifacts.bundle import encode_bundle
+from cute_aot.artifacts.bundle_writer import encode_bundle
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.kernels import family, family_facts
 from cute_aot.kernels.tables import Table

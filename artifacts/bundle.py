@@ -1,4 +1,4 @@
-"""The bundle container: one file per (bundle, architecture).
+"""The bundle container, one file per (bundle, architecture), and its reader.
 
 Layout (little-endian):
     8 bytes   magic b"CUTEAOT\\0"
@@ -15,34 +15,37 @@ path-like), size limits, the file's size against the manifest's, payload hash, b
 decompression, library size and hash. The manifest-only reader makes every check up to the file
 size, so a truncated file is refused by it too. Nothing is ever loaded before all pass; every
 failure is a BundleError.
+
+Writing is artifacts/bundle_writer.py's: packer code, whose source is in every build-cache and
+overlay digest (artifacts/fingerprints.py). This reader is not, so that a stricter check or a
+faster read leaves those caches valid; a change of the layout above is a FORMAT_VERSION change,
+which the digest covers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import stat
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import zstandard
 
-from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.errors import (
-    BundleError,
     BundleFormatError,
     BundleIntegrityError,
     BundleSizeError,
 )
-from cute_aot.artifacts.manifest import ABIS, FORMAT_VERSION, Manifest
+from cute_aot.artifacts.manifest import ABIS, FORMAT_VERSION, Entry, Manifest
 
 MAGIC = b"CUTEAOT\0"
-_HEADER = struct.Struct("<8sIIQ32s")
+HEADER = struct.Struct("<8sIIQ32s")
 MAX_MANIFEST_BYTES = 64 << 20
 # A 1000-kernel bundle's library is ~13 MB (README, cold start) and the largest family build,
 # MXFP8 with every tactic, ~2 MB per architecture: 512 MiB leaves ~40x headroom, while what a
@@ -56,7 +59,6 @@ BUNDLE_SUFFIX = ".cuteaot"
 # Installed bundle wheels register their bundles' folder here (aot/wheel.py writes, the runtime
 # reads)
 BUNDLE_ENTRY_POINT_GROUP = "cute_aot.bundles"
-ZSTD_LEVEL = 10  # fixed level, single thread: the same library always gives the same bytes
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 KEY_ID_RE = re.compile(r"^[0-9a-f]{8,64}\Z")
@@ -83,53 +85,6 @@ def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
 
 def bundle_filename(name: str, arch: str) -> str:
     return f"{name}-{arch}{BUNDLE_SUFFIX}"
-
-
-def encode_bundle(
-    manifest: Manifest, library: bytes, sign: Callable[[Manifest], Manifest] | None = None
-) -> tuple[Manifest, bytes]:
-    """Compress `library` and complete the manifest's hashes (then `sign` it, when given: a
-    signature covers the hashes); returns the manifest and the file's bytes."""
-    payload = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(library)
-    manifest = replace(
-        manifest,
-        library={"sha256": sha256(library), "size": len(library)},
-        payload={"codec": "zstd", "sha256": sha256(payload), "size": len(payload)},
-    )
-    if sign is not None:
-        manifest = sign(manifest)
-    return manifest, _container(manifest, payload)
-
-
-def _container(manifest: Manifest, payload: bytes) -> bytes:
-    raw_manifest = manifest.to_json()
-    header = _HEADER.pack(
-        MAGIC, FORMAT_VERSION, 0, len(raw_manifest), hashlib.sha256(raw_manifest).digest()
-    )
-    return header + raw_manifest + payload
-
-
-def write_bundle(path: str | Path, manifest: Manifest, library: bytes) -> Manifest:
-    """Write a bundle atomically (a reader sees the old file or the new one, never a mix)."""
-    manifest, data = encode_bundle(manifest, library)
-    atomic_write(path, data)
-    return manifest
-
-
-def rewrite_manifest(path: str | Path, manifest: Manifest) -> Manifest:
-    """Replace a verified bundle's manifest, keeping its payload bytes (signing uses this).
-
-    The new manifest must describe the same library and payload.
-    """
-    path = Path(path)
-    old, payload = _read_verified(path, None)[:2]
-    if (manifest.library, manifest.payload) != (old.library, old.payload):
-        raise BundleIntegrityError(path, "new manifest describes another library or payload")
-    try:
-        atomic_write(path, _container(manifest, payload))  # the old file stays on failure
-    except OSError as exc:
-        raise BundleError(path, f"cannot rewrite ({exc.strerror or exc})") from None
-    return manifest
 
 
 @contextlib.contextmanager
@@ -167,10 +122,10 @@ _FILE_KINDS = {
 
 
 def _read_header(path: Path, handle) -> tuple[int, bytes]:
-    raw = handle.read(_HEADER.size)
-    if len(raw) < _HEADER.size:
+    raw = handle.read(HEADER.size)
+    if len(raw) < HEADER.size:
         raise BundleFormatError(path, "truncated: shorter than a bundle header")
-    magic, version, reserved, manifest_len, manifest_hash = _HEADER.unpack(raw)
+    magic, version, reserved, manifest_len, manifest_hash = HEADER.unpack(raw)
     if magic != MAGIC:
         raise BundleFormatError(path, "not a cute-aot bundle (bad magic)")
     if version != FORMAT_VERSION:
@@ -184,26 +139,122 @@ def _read_header(path: Path, handle) -> tuple[int, bytes]:
     return manifest_len, manifest_hash
 
 
-def read_manifest(path: str | Path) -> Manifest:
-    """The manifest, checked against its hash, schema and field formats; the payload is not read."""
+class DecodedManifests(Protocol):
+    """Manifests decoded before, by the sha256 of their bytes (runtime/manifest_memo.py): JSON
+    decoding is most of reading a large manifest."""
+
+    def get(self, sha256: str) -> Any | None:
+        """The JSON values of the manifest whose bytes hash to `sha256`; None if not kept."""
+
+    def put(self, sha256: str, decoded: Any) -> None:
+        """Keep them (or not: never raises)."""
+
+
+def read_manifest(path: str | Path, decoded: DecodedManifests | None = None) -> Manifest:
+    """The manifest, checked against its hash, schema and field formats; the payload is not read.
+    `decoded`: where its JSON may have been decoded before (then only the checks run again)."""
     path = Path(path)
     with _open_regular(path) as (handle, size):
-        return _read_manifest(path, handle, size)
+        return _read_manifest(path, handle, size, decoded)
 
 
-def _read_manifest(path: Path, handle, file_size: int) -> Manifest:
+def _read_manifest(
+    path: Path, handle, file_size: int, decoded: DecodedManifests | None = None
+) -> Manifest:
     manifest_len, manifest_hash = _read_header(path, handle)
     raw = handle.read(manifest_len)
     if len(raw) != manifest_len:
         raise BundleFormatError(path, "truncated inside the manifest")
     if hashlib.sha256(raw).digest() != manifest_hash:
         raise BundleIntegrityError(path, "manifest hash mismatch (manifest corrupted)")
-    manifest = Manifest.from_json(raw, str(path))
+    data = decoded.get(manifest_hash.hex()) if decoded is not None else None
+    fresh = data is None
+    if fresh:
+        data = decode_json(raw, str(path))
+    manifest = manifest_of(data, str(path))
     check_fields(path, manifest)
     _check_limits(path, manifest)
     # Cheap, and the trusted fast path reads nothing else: a cut-short copy must not pass it.
-    _check_file_size(path, file_size, _HEADER.size + manifest_len + manifest.payload["size"])
+    _check_file_size(path, file_size, HEADER.size + manifest_len + manifest.payload["size"])
+    if fresh and decoded is not None:  # only values that passed every check are kept
+        decoded.put(manifest_hash.hex(), data)
     return manifest
+
+
+def parse_manifest(raw: bytes, path: str = "<manifest>") -> Manifest:
+    """A manifest's bytes as a Manifest, its JSON and schema checked (not its field formats)."""
+    return manifest_of(decode_json(raw, path), path)
+
+
+def decode_json(raw: bytes, path: str = "<manifest>") -> Any:
+    """A manifest's bytes as JSON values; BundleFormatError where they are not JSON."""
+    try:
+        return json.loads(raw)
+    # ValueError: also integers too long to convert; RecursionError: nesting too deep
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BundleFormatError(path, f"manifest is not valid JSON ({exc})") from None
+
+
+def manifest_of(data: Any, path: str = "<manifest>") -> Manifest:
+    """The Manifest of decoded JSON values (decode_json's, or a memo of them: `data` is left as
+    given), its schema checked."""
+    if not isinstance(data, dict):
+        raise BundleFormatError(path, "manifest is not a JSON object")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise BundleFormatError(
+            path, f"unknown manifest format version {version!r} (this reader: {FORMAT_VERSION})"
+        )
+    _expect(data, _MANIFEST_SCHEMA, path, "manifest", _OPTIONAL_MANIFEST_FIELDS)
+    entries = []
+    for index, raw_entry in enumerate(data["entries"]):
+        if not isinstance(raw_entry, dict):
+            raise BundleFormatError(path, f"entry {index} is not a JSON object")
+        _expect(raw_entry, _ENTRY_SCHEMA, path, f"entry {index}", _OPTIONAL_ENTRY_FIELDS)
+        entries.append(Entry(**raw_entry))
+    symbols = [entry.symbol for entry in entries]
+    if len(set(symbols)) != len(symbols):
+        raise BundleFormatError(path, "manifest lists a symbol twice")
+    return Manifest(**{**data, "entries": tuple(entries)})
+
+
+_MANIFEST_SCHEMA = {
+    "format_version": int,
+    "name": str,
+    "arch": str,
+    "bundle_version": str,
+    "created_by": str,
+    "toolchain": dict,
+    "families": dict,
+    "library": dict,
+    "payload": dict,
+    "entries": list,
+}
+_ENTRY_SCHEMA = {
+    "family": str,
+    "key": dict,
+    "key_id": str,
+    "symbol": str,
+    "sha256": str,
+    "size": int,
+}
+_OPTIONAL_ENTRY_FIELDS = {"gpu_binary": dict, "abi": str}
+_OPTIONAL_MANIFEST_FIELDS = {"signature": dict}
+
+
+def _expect(
+    data: dict, schema: dict[str, type], path: str, what: str, optional: dict | None = None
+) -> None:
+    optional = {name: kind for name, kind in (optional or {}).items() if name in data}
+    if set(data) != set(schema) | set(optional):
+        missing = set(schema) - set(data)
+        extra = set(data) - set(schema) - set(optional)
+        raise BundleFormatError(
+            path, f"{what}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}"
+        )
+    for name, kind in {**schema, **optional}.items():
+        if not isinstance(data[name], kind) or (kind is int and isinstance(data[name], bool)):
+            raise BundleFormatError(path, f"{what}: field {name!r} must be {kind.__name__}")
 
 
 def _check_limits(path: Path, manifest: Manifest) -> None:
@@ -241,11 +292,13 @@ def read_bundle(path: str | Path, check: ManifestCheck | None = None) -> tuple[M
     `check(path, manifest)` runs once the manifest is verified and before the payload is read
     or decompressed (the runtime refuses untrusted or incompatible bundles there, cheaply).
     """
-    manifest, _payload, library = _read_verified(Path(path), check)
+    manifest, _payload, library = read_verified(Path(path), check)
     return manifest, library
 
 
-def _read_verified(path: Path, check: ManifestCheck | None) -> tuple[Manifest, bytes, bytearray]:
+def read_verified(path: Path, check: ManifestCheck | None) -> tuple[Manifest, bytes, bytearray]:
+    """Manifest, payload and library, all verified (read_bundle's, and the writer's to keep a
+    payload as it is)."""
     with _open_regular(path) as (handle, size):
         manifest = _read_manifest(path, handle, size)
         if check is not None:

@@ -1,8 +1,10 @@
 """Digests of the code that writes bundle bytes, shared by the build cache and the overlay cache.
 
-A cache entry is only as good as the code that made it: the packer (link, pack, container,
-manifest) is part of every bundle's bytes, so it is part of every cache key. Files are located and
-read, never imported (servers compute this on a miss and must not import the build side).
+A cache entry is only as good as the code that made it: the packer (link, pack, the container's
+writer, the manifest's fields and JSON) is part of every bundle's bytes, so it is part of every
+cache key. The bundle reader is not (artifacts/bundle.py): what it accepts is the format version's,
+which is. Files are located and read, never imported (servers compute this on a miss and must not
+import the build side).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from cute_aot.artifacts.manifest import FORMAT_VERSION
 PACKER_MODULES = (
     "cute_aot.aot.pack",
     "cute_aot.aot.link",
-    "cute_aot.artifacts.bundle",
+    "cute_aot.artifacts.bundle_writer",
     "cute_aot.artifacts.manifest",
     "cute_aot.artifacts.toolchain",
 )

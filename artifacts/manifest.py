@@ -1,12 +1,14 @@
-"""The bundle manifest: what a bundle holds, what built it, and the hashes that vouch for it."""
+"""The bundle manifest: what a bundle holds, what built it, and the hashes that vouch for it.
+
+Its fields and canonical JSON are packer code, in every build-cache and overlay digest
+(artifacts/fingerprints.py); reading one back, with its schema checks, is artifacts/bundle.py's.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from cute_aot.artifacts.errors import BundleFormatError
 
 # Version of the container layout and manifest schema; readers refuse versions they do not know.
 FORMAT_VERSION = 1
@@ -57,59 +59,8 @@ class Manifest:
             del data["signature"]
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
-    @classmethod
-    def from_json(cls, raw: bytes, path: str = "<manifest>") -> Manifest:
-        try:
-            data = json.loads(raw)
-        # ValueError: also integers too long to convert; RecursionError: nesting too deep
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise BundleFormatError(path, f"manifest is not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise BundleFormatError(path, "manifest is not a JSON object")
-        version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise BundleFormatError(
-                path, f"unknown manifest format version {version!r} (this reader: {FORMAT_VERSION})"
-            )
-        _expect(data, _MANIFEST_SCHEMA, path, "manifest", _OPTIONAL_MANIFEST_FIELDS)
-        entries = []
-        for index, raw_entry in enumerate(data["entries"]):
-            if not isinstance(raw_entry, dict):
-                raise BundleFormatError(path, f"entry {index} is not a JSON object")
-            _expect(raw_entry, _ENTRY_SCHEMA, path, f"entry {index}", _OPTIONAL_ENTRY_FIELDS)
-            entries.append(Entry(**raw_entry))
-        symbols = [entry.symbol for entry in entries]
-        if len(set(symbols)) != len(symbols):
-            raise BundleFormatError(path, "manifest lists a symbol twice")
-        data["entries"] = tuple(entries)
-        return cls(**data)
-
     def entry_by_id(self) -> dict[str, Entry]:
         return {entry.key_id: entry for entry in self.entries}
-
-
-_MANIFEST_SCHEMA = {
-    "format_version": int,
-    "name": str,
-    "arch": str,
-    "bundle_version": str,
-    "created_by": str,
-    "toolchain": dict,
-    "families": dict,
-    "library": dict,
-    "payload": dict,
-    "entries": list,
-}
-_ENTRY_SCHEMA = {
-    "family": str,
-    "key": dict,
-    "key_id": str,
-    "symbol": str,
-    "sha256": str,
-    "size": int,
-}
-_OPTIONAL_ENTRY_FIELDS = {"gpu_binary": dict, "abi": str}
-_OPTIONAL_MANIFEST_FIELDS = {"signature": dict}
 
 
 def _entry_json(entry: Entry) -> dict:
@@ -119,18 +70,3 @@ def _entry_json(entry: Entry) -> dict:
     if data["abi"] == "tvm_ffi":
         del data["abi"]
     return data
-
-
-def _expect(
-    data: dict, schema: dict[str, type], path: str, what: str, optional: dict | None = None
-) -> None:
-    optional = {name: kind for name, kind in (optional or {}).items() if name in data}
-    if set(data) != set(schema) | set(optional):
-        missing = set(schema) - set(data)
-        extra = set(data) - set(schema) - set(optional)
-        raise BundleFormatError(
-            path, f"{what}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}"
-        )
-    for name, kind in {**schema, **optional}.items():
-        if not isinstance(data[name], kind) or (kind is int and isinstance(data[name], bool)):
-            raise BundleFormatError(path, f"{what}: field {name!r} must be {kind.__name__}")

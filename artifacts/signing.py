@@ -208,7 +208,8 @@ def sign_manifest(manifest: Manifest, private_key: Ed25519PrivateKey) -> Manifes
 
 def sign_bundle(path: str | os.PathLike, private_key: Ed25519PrivateKey) -> Manifest:
     """Sign a bundle file in place (atomically; the payload bytes are kept as they are)."""
-    from cute_aot.artifacts.bundle import read_manifest, rewrite_manifest
+    from cute_aot.artifacts.bundle import read_manifest
+    from cute_aot.artifacts.bundle_writer import rewrite_manifest
 
     return rewrite_manifest(path, sign_manifest(read_manifest(path), private_key))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -26,10 +25,9 @@ from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import SHA256_RE
 from cute_aot.artifacts.errors import BundleFormatError
 from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.private_files import private_descriptor, private_folders
+from cute_aot.runtime.private_files import make_private_folder, open_private
 
 FACTS_SUFFIX = ".verified.json"
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
 class LibraryStore(Protocol):
@@ -98,35 +96,10 @@ class FolderStore:
 
     # -- the folder's rules ----------------------------------------------------------------------
     def _make_folders(self) -> None:
-        """libs/ made 0700 whatever the umask, inside the cache dir; group and other write taken
-        away from folders of ours that have it (made under umask 002 by an older cute-aot, or by
-        hand): with it, no library there could ever be trusted."""
-        self.libs.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not self.libs.resolve().is_relative_to(self.root.resolve()):
-            raise OSError(errno.EXDEV, f"{self.libs} is a link leading outside the cache dir")
-        for folder in (self.root, self.libs):
-            info = os.lstat(folder)
-            if info.st_uid == os.geteuid() and info.st_mode & _OTHERS_WRITE:
-                os.chmod(folder, stat.S_IMODE(info.st_mode) & ~_OTHERS_WRITE)
-                warn_once(
-                    ("cache-made-private", str(folder)),
-                    f"{folder} was writable by group or others; made it private",
-                )
+        make_private_folder(self.libs, self.root)
 
     def _open_private(self, path: Path) -> int | None:
-        """A descriptor of `path` if it is a private regular file (not a link, not a FIFO) in
-        private folders up to the cache dir: then nobody else can change its bytes."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            return None
-        try:
-            if private_descriptor(fd) and private_folders(path, self.root):
-                return fd
-        except OSError:
-            pass
-        os.close(fd)
-        return None
+        return open_private(path, self.root)
 
     def _open_same(self, target: Path, library: bytes) -> int | None:
         fd = self._open_private(target)

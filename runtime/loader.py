@@ -51,7 +51,7 @@ from cute_aot.artifacts.verify import (
 )
 from cute_aot.kernels import installed_family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
-from cute_aot.runtime import device, library_store
+from cute_aot.runtime import device, library_store, manifest_memo
 from cute_aot.runtime.notices import warn_once
 
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
@@ -350,7 +350,8 @@ def check_manifest(
 
 def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
     """open_bundle through the verified private copy of its library; None when there is none."""
-    manifest = read_manifest(path)  # header, manifest hash, schema and field formats
+    # header, manifest hash, schema and field formats; its JSON decoded by an earlier open
+    manifest = read_manifest(path, manifest_memo.MEMO)
     signer = check_manifest(path, manifest, gpu_arch, accept, trust)
     check_entries(path, manifest, installed_key_class, derive_keys=False)
     slot = (manifest.library["sha256"], str(settings.cache_dir()))

@@ -9,9 +9,12 @@ later without verifying it again.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
+
+from cute_aot.runtime.notices import warn_once
 
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
@@ -50,3 +53,36 @@ def private_file(path: Path, root: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(info.st_mode) and _private(info) and private_folders(path, root)
+
+
+def open_private(path: Path, root: Path) -> int | None:
+    """A descriptor of `path` if it is a private regular file (not a link, not a FIFO) in
+    private folders up to `root`: then nobody else can change its bytes. None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if private_descriptor(fd) and private_folders(path, root):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def make_private_folder(folder: Path, root: Path) -> None:
+    """`folder` made 0700 whatever the umask, inside `root` (the cache dir); group and other
+    write taken away from folders of ours that have it (made under umask 002 by an older
+    cute-aot, or by hand): with it, nothing there could ever be trusted. OSError: it cannot be."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not folder.resolve().is_relative_to(root.resolve()):
+        raise OSError(errno.EXDEV, f"{folder} is a link leading outside the cache dir")
+    for each in (root, folder):
+        info = os.lstat(each)
+        if info.st_uid == os.geteuid() and info.st_mode & _OTHERS_WRITE:
+            os.chmod(each, stat.S_IMODE(info.st_mode) & ~_OTHERS_WRITE)
+            warn_once(
+                ("cache-made-private", str(each)),
+                f"{each} was writable by group or others; made it private",
+            )

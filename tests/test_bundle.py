@@ -3,7 +3,8 @@ import struct
 import pytest
 
 from cute_aot.artifacts import toolchain
-from cute_aot.artifacts.bundle import MAGIC, read_bundle, read_manifest, write_bundle
+from cute_aot.artifacts.bundle import MAGIC, parse_manifest, read_bundle, read_manifest
+from cute_aot.artifacts.bundle_writer import write_bundle
 from cute_aot.artifacts.errors import (
     BundleFormatError,
     BundleIntegrityError,
@@ -52,7 +53,7 @@ def test_round_trip(bundle):
 
 def test_manifest_json_round_trip():
     manifest = _manifest()
-    assert Manifest.from_json(manifest.to_json()) == manifest
+    assert parse_manifest(manifest.to_json()) == manifest
 
 
 def test_writing_twice_gives_identical_bytes(tmp_path):
@@ -127,7 +128,7 @@ def test_manifest_schema_errors_are_typed():
         raw.replace(b'"key_id"', b'"kid"'),
     ]:
         with pytest.raises(BundleFormatError):
-            Manifest.from_json(bad)
+            parse_manifest(bad)
 
 
 def test_magic_is_what_the_writer_writes(bundle):

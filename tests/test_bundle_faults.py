@@ -26,6 +26,7 @@ from click.testing import CliRunner
 from cute_aot.aot.tools.aot_cache.cli import main
 from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts.bundle import read_manifest
+from cute_aot.artifacts.bundle_writer import container
 from cute_aot.artifacts.errors import BundleIntegrityError
 from cute_aot.runtime import REGISTRY, load_bundles
 from cute_aot.runtime.paths import expand_bundle_paths
@@ -86,7 +87,7 @@ def lying_bundle(good: Path, payload: bytes, library_size: int, library_sha256: 
             "size": len(payload),
         },
     )
-    return bundle_format._container(manifest, payload)
+    return container(manifest, payload)
 
 
 def padded_frame(size: int, min_payload: int) -> tuple[bytes, str]:

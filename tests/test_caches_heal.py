@@ -159,7 +159,8 @@ def _entry(fresh_runtime, sign: bool):
     """A one-kernel bundle at its overlay path (manifest only matters: trust is checked first)."""
     import dataclasses
 
-    from cute_aot.artifacts.bundle import encode_bundle, read_manifest
+    from cute_aot.artifacts.bundle import read_manifest
+    from cute_aot.artifacts.bundle_writer import encode_bundle
     from tests.test_bundle import _manifest
 
     path = overlay.overlay_path(MISS_KEY, ARCH)

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts import toolchain
-from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
+from cute_aot.artifacts.bundle import read_bundle, read_manifest
+from cute_aot.artifacts.bundle_writer import encode_bundle
 from cute_aot.artifacts.elf import ElfError, read_dynamic
 from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.artifacts.manifest import Entry, Manifest
@@ -194,7 +195,7 @@ def manifest_edits(draw, manifest: Manifest):
 
 
 def container(raw_manifest: bytes, payload: bytes) -> bytes:
-    header = bundle_format._HEADER.pack(
+    header = bundle_format.HEADER.pack(
         bundle_format.MAGIC,
         bundle_format.FORMAT_VERSION,
         0,

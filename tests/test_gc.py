@@ -1,6 +1,6 @@
-"""`aot-cache gc` over a fake cache dir: the overlay, the unpacked libraries, the build cache and
-the downloads of bundles at URLs, files of each kind with controlled sizes and times (atime: last
-read, mtime: written)."""
+"""`aot-cache gc` over a fake cache dir: the overlay, the unpacked libraries, the decoded
+manifests, the build cache and the downloads of bundles at URLs, files of each kind with
+controlled sizes and times (atime: last read, mtime: written)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from cute_aot.aot.tools.aot_cache.cli import main
 from cute_aot.aot.tools.aot_cache.facts import gc
-from cute_aot.runtime import remote
+from cute_aot.runtime import manifest_memo, remote
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -54,6 +54,11 @@ def library(cache: Path, label: str, size: int = 100, **times) -> tuple[Path, Pa
         put(cache / "libs" / f"{d}.verified.json", 10, **times),
         put(cache / "libs" / f"{d}.so", size, **times),
     )
+
+
+def manifest(cache: Path, label: str, size: int = 100, **times) -> Path:
+    """A decoded manifest, as runtime/manifest_memo.py names it."""
+    return put(cache / "manifests" / f"{digest(label)}{manifest_memo.SUFFIX}", size, **times)
 
 
 def built(root: Path, kind: str, label: str, size: int = 100, **times) -> tuple[Path, Path]:
@@ -119,12 +124,14 @@ def test_older_than_prunes_every_cache_by_last_use(cache):
     old = {
         "entry": (entry(cache, "old", age=10 * DAY),),
         "library": library(cache, "old", age=10 * DAY),
+        "manifest": (manifest(cache, "old", age=10 * DAY),),
         "object": built(cache / "build", "objects", "old", age=10 * DAY),
         "bundle": built(cache / "build", "bundles", "old", age=10 * DAY),
     }
     recent = {  # written long ago, read yesterday: in use
         "entry": (entry(cache, "read", age=30 * DAY, used=DAY),),
         "library": library(cache, "read", age=30 * DAY, used=DAY),
+        "manifest": (manifest(cache, "read", age=30 * DAY, used=DAY),),
         "object": built(cache / "build", "objects", "read", age=30 * DAY, used=DAY),
         "bundle": built(cache / "build", "bundles", "fresh", age=2 * DAY),
     }
@@ -135,11 +142,12 @@ def test_older_than_prunes_every_cache_by_last_use(cache):
     assert {name: row["removed"] for name, row in report["caches"].items()} == {
         "build": 2,
         "libs": 1,
+        "manifests": 1,
         "overlay": 1,
         "remote": 0,
     }
     assert report["caches"]["libs"]["bytes_removed"] == 110  # the library and its facts
-    assert report["bytes_removed"] == 100 + 110 + 110 + 110
+    assert report["bytes_removed"] == 100 + 110 + 100 + 110 + 110
 
 
 def test_recent_use_keeps_a_unit_whole(cache):

@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts import signing
-from cute_aot.artifacts.bundle import encode_bundle, read_bundle, read_manifest
+from cute_aot.artifacts.bundle import parse_manifest, read_bundle, read_manifest
+from cute_aot.artifacts.bundle_writer import encode_bundle
 from cute_aot.artifacts.elf import read_dynamic
 from cute_aot.artifacts.errors import (
     BundleError,
@@ -74,7 +75,7 @@ class Good:
 
     @property
     def manifest_offset(self) -> int:
-        return bundle_format._HEADER.size
+        return bundle_format.HEADER.size
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ def trust_env(settings_scope):
 
 def raw_container(raw_manifest: bytes, payload: bytes, version=None, reserved=0) -> bytes:
     """A container around arbitrary manifest bytes, with a correct manifest hash."""
-    header = bundle_format._HEADER.pack(
+    header = bundle_format.HEADER.pack(
         bundle_format.MAGIC,
         bundle_format.FORMAT_VERSION if version is None else version,
         reserved,
@@ -886,7 +887,7 @@ def test_sign_and_verify(good, keys, tmp_path, trust_env, fresh_runtime):
 
 def test_unsigned_manifests_are_unchanged_by_the_signature_field(good):
     assert b"signature" not in good.manifest.to_json()
-    assert Manifest.from_json(good.manifest.to_json()) == good.manifest
+    assert parse_manifest(good.manifest.to_json()) == good.manifest
 
 
 def test_the_signature_covers_every_manifest_field(good, keys):

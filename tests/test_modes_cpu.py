@@ -13,7 +13,8 @@ import warnings
 
 import pytest
 
-from cute_aot.artifacts.bundle import read_bundle, write_bundle
+from cute_aot.artifacts.bundle import read_bundle
+from cute_aot.artifacts.bundle_writer import write_bundle
 from cute_aot.artifacts.errors import CuteAotError, KernelNotFoundError
 from cute_aot.kernels.router_gemm import dispatch
 from cute_aot.runtime import REGISTRY, Mode, StaleBundleError, current_mode, jit, set_mode

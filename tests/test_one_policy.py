@@ -19,7 +19,8 @@ from fnmatch import fnmatch
 
 import pytest
 
-from cute_aot.artifacts.bundle import read_bundle, write_bundle
+from cute_aot.artifacts.bundle import read_bundle
+from cute_aot.artifacts.bundle_writer import write_bundle
 from cute_aot.artifacts.errors import (
     BundleError,
     JitUnavailableError,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cute_aot.artifacts import toolchain
-from cute_aot.artifacts.bundle import write_bundle
+from cute_aot.artifacts.bundle_writer import write_bundle
 from cute_aot.artifacts.errors import IncompatibleBundleError, InputError
 from cute_aot.runtime.loader import open_bundle
 from cute_aot.runtime.ops import router_gemm

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cute_aot.artifacts.bundle import read_bundle, write_bundle
+from cute_aot.artifacts.bundle import read_bundle
+from cute_aot.artifacts.bundle_writer import write_bundle
 from cute_aot.artifacts.errors import InputError, KernelNotFoundError
 from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, mode, ops, policy, set_mode

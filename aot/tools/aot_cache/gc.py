@@ -40,7 +40,7 @@ from cute_aot.artifacts import settings
     "caches",
     type=click.Choice(gc.CACHES),
     multiple=True,
-    help="Only this cache (repeatable; default: all four, and temporaries elsewhere in the "
+    help="Only this cache (repeatable; default: all five, and temporaries elsewhere in the "
     "cache dir).",
 )
 @click.option(

@@ -1,11 +1,12 @@
 """The per-user cache dir's housekeeping: what the overlay holds (`aot-cache ls`), and pruning
-all four caches while servers and builds use them (`aot-cache gc`).
+all five caches while servers and builds use them (`aot-cache gc`).
 
 What is collected, in units that go together or not at all (commit marker listed first):
 
     overlay/<fingerprint>/<arch>/<key id>.cuteaot           one file (runtime/overlay.py)
     overlay/.../<key id>.cuteaot.refused-<random>           set aside by a reader: always goes
     libs/<sha256>.verified.json + libs/<sha256>.so          the facts, then the library (loader)
+    manifests/<sha256>.<python>.marshal                     a decoded manifest (manifest_memo)
     <build>/{objects,bundles}/<d[:2]>/<d>.json + <d>.{o,cuteaot}   record, then data (build_cache)
     remote/<sha256>.cuteaot                                 a verified download (runtime/remote.py)
     remote/index/<url id>.json                              what a URL held at its last fetch
@@ -55,10 +56,10 @@ from pathlib import Path
 from cute_aot.artifacts import cache_layout, settings
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
 from cute_aot.kernels import families
-from cute_aot.runtime import overlay, remote
+from cute_aot.runtime import manifest_memo, overlay, remote
 from cute_aot.runtime.library_store import FACTS_SUFFIX  # beside each library
 
-CACHES = ("build", "libs", "overlay", "remote")
+CACHES = ("build", "libs", "manifests", "overlay", "remote")
 OTHER = "other"  # temporaries elsewhere in the cache dir (keys/, ...)
 GRACE_S = 60.0
 TEMPORARY_DEBRIS_S = 3600.0  # a temporary this old was left by a killed writer
@@ -88,8 +89,8 @@ class FileState:
 class CacheUnit:
     """Files that are kept or removed together, commit marker first."""
 
-    cache: str  # build | libs | overlay | remote | other
-    kind: str  # entry | refused | library | object | bundle | copy | index | temporary
+    cache: str  # build | libs | manifests | overlay | remote | other
+    kind: str  # entry | refused | library | manifest | object | bundle | copy | index | temporary
     base: Path  # the folder the walk started from (followed, as the user named it)
     folder: tuple[str, ...]  # the unit's folder below `base`: never followed
     files: tuple[FileState, ...]
@@ -258,6 +259,7 @@ def cache_roots(caches: Iterable[str] = CACHES, build_root: Path | None = None) 
     where = {
         "overlay": CacheRoot("overlay", base, (cache_layout.OVERLAY,)),
         "libs": CacheRoot("libs", base, (cache_layout.LIBS,)),
+        "manifests": CacheRoot("manifests", base, (manifest_memo.FOLDER,)),
         "build": (
             CacheRoot("build", base, (cache_layout.BUILD,))
             if build_root is None
@@ -290,6 +292,18 @@ def _overlay_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
         else:
             continue  # not ours to judge
         units.append(CacheUnit(root.name, kind, root.base, folder, (file,)))
+    return units
+
+
+def _manifest_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    """Decoded manifests directly in manifests/ (read again only while their bundle is opened);
+    temporaries at any depth."""
+    units = []
+    for folder, file in _walk(root, walked):
+        if is_temporary(file.name):
+            units.append(_temporary(root, folder, file))
+        elif folder == root.below and manifest_memo.MEMO_NAME.fullmatch(file.name):
+            units.append(CacheUnit(root.name, "manifest", root.base, folder, (file,)))
     return units
 
 
@@ -409,7 +423,8 @@ def _other_temporaries(skip: set) -> list[CacheUnit]:
 
 
 def find_units(caches: Iterable[str] = CACHES, build_root: Path | None = None) -> list[CacheUnit]:
-    """Every unit of the chosen caches; with all four, temporaries elsewhere in the cache dir."""
+    """Every unit of the chosen caches; with all of them, temporaries elsewhere in the cache
+    dir."""
     chosen = set(caches)
     walked: set[tuple[int, int]] = set()
     units: list[CacheUnit] = []
@@ -417,6 +432,7 @@ def find_units(caches: Iterable[str] = CACHES, build_root: Path | None = None) -
         collect = {
             "overlay": _overlay_units,
             "libs": _libs_units,
+            "manifests": _manifest_units,
             "build": _build_units,
             "remote": _remote_units,
         }

@@ -1,0 +1,61 @@
+"""Manifests decoded before, kept per user: <cache dir>/manifests/<sha256>.<python>.marshal.
+
+A recorded kernel's key is kilobytes of JSON inside JSON, so a 600-kernel recorded bundle has a
+3.7 MB manifest whose decoding is half its open (~22 ms here); `marshal` reads the same values in
+~3.5 ms. A server's restart opens the bundle through its verified private library
+(runtime/loader.py) and gets the manifest's values from here, by the sha256 of the manifest's
+bytes, which the bundle's header has just checked. Only the decoding is skipped: the values are
+checked as a manifest again, and nothing from here is read unless it is a private file of this
+user in private folders up to the cache dir (runtime/private_files.py), the rule that lets the
+loader trust its verified libraries. A memo that cannot be read, kept or trusted is a miss: the
+manifest is decoded as before. `aot-cache gc` collects memos by age like the other caches.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import re
+import sys
+from typing import Any
+
+from cute_aot.artifacts import settings
+from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.bundle import MAX_MANIFEST_BYTES
+from cute_aot.runtime.private_files import make_private_folder, open_private
+
+# The memo's area of the cache dir. Declared here, not in artifacts/cache_layout.py with the
+# others: that module is in the recorded family's source hash (through settings), so a line added
+# there would make every recorded bundle already built stale.
+FOLDER = "manifests"
+# marshal's format is the interpreter's: each keeps its own memos.
+SUFFIX = f".{sys.implementation.cache_tag}.marshal"
+MEMO_NAME = re.compile(r"[0-9a-f]{64}\.[A-Za-z0-9_-]+\.marshal")  # what gc collects
+MAX_BYTES = 2 * MAX_MANIFEST_BYTES  # more than any manifest the reader takes decodes to
+
+
+class ManifestMemo:
+    """The memo of the current cache dir (artifacts/bundle.DecodedManifests)."""
+
+    def get(self, sha256: str) -> Any | None:
+        root = settings.cache_dir()
+        fd = open_private(root / FOLDER / f"{sha256}{SUFFIX}", root)
+        if fd is None:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                return marshal.loads(handle.read(MAX_BYTES))
+        except (OSError, EOFError, ValueError, TypeError):  # damaged: decoded as before
+            return None
+
+    def put(self, sha256: str, decoded: Any) -> None:
+        root = settings.cache_dir()
+        folder = root / FOLDER
+        try:
+            make_private_folder(folder, root)
+            atomic_write(folder / f"{sha256}{SUFFIX}", marshal.dumps(decoded), mode=0o444)
+        except (OSError, ValueError):  # a read-only or full cache dir: the next open decodes
+            pass
+
+
+MEMO = ManifestMemo()
