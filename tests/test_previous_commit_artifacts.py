@@ -1,10 +1,11 @@
-"""Nothing persisted changes: what commit 9a8d1b2 wrote loads, and is trusted, with this code.
+"""Nothing persisted changes: what commit 9d40a62 wrote loads, and is trusted, with this code.
 
-The artifacts in tests/data/previous_commit/ were made by 9a8d1b2's own code (README.txt there
+The artifacts in tests/data/previous_commit/ were made by 9d40a62's own code (README.txt there
 says how): a signed router_gemm bundle for sm_90a with its build report, the build cache that
-build filled, an overlay entry published as that commit's JIT publishes one, a miss log and a
-record of a user kernel's `cute.compile` call. Every id they are checked against is pinned here
-as that commit wrote it, never derived again by the code under test alone.
+build filled, an overlay entry published as that commit's JIT publishes one, a miss log, a
+record of a user kernel's `cute.compile` call and the signed bundle built from that record.
+Every id they are checked against is pinned here as that commit wrote it, never derived again by
+the code under test alone.
 
 Their digests also cover this machine's toolchain, C compiler and CUDA tools
 (environment.json); where those differ, the artifacts cannot be current and the tests say so.
@@ -37,10 +38,11 @@ BUNDLE = DATA / "bundles" / "previous-sm_90a.cuteaot"
 REPORT = DATA / "bundles" / "previous.build-report.json"
 MISS_LOG = DATA / "misses" / "misses.jsonl"
 RECORD = DATA / "record" / "scale.record.jsonl"
+RECORDED_BUNDLE = DATA / "bundles" / "recorded-sm_90a.cuteaot"  # built from RECORD
 RELEASE_PUBLIC_KEY = DATA / "release.pub.pem"
 ENVIRONMENT = json.loads((DATA / "environment.json").read_text())
 
-# As 9a8d1b2 wrote them.
+# As 9d40a62 wrote them.
 SHAPE = (256, 7168)  # router_gemm (N, K) the bundle was built for: M = 1..16
 BUNDLE_KEY_IDS = [
     "4c26d8c57e6ffc6f118f",
@@ -53,9 +55,9 @@ BUNDLE_KEY_IDS = [
     "efe814ee677700167713",
 ]
 ROUTER_SOURCE_HASH = "2459c7f79f0c7814d77735cace321ebd00d2302ddc7df1999fb40f67508d0dd5"
-RELEASE_SIGNER = "ded0bca92c0cec22e0bc835b8c659f9a"
-OVERLAY_SIGNER = "d59a863be0dabdffc67f66929e6d296e"
-OVERLAY_FINGERPRINT = "992a8509ba77a82f3f04c32c"
+RELEASE_SIGNER = "17e036989eea40948f77de48f33f8e13"
+OVERLAY_SIGNER = "cd0569230962c6ae93cda989b9f7eea5"
+OVERLAY_FINGERPRINT = "39f946d6ccb4801e08c2c190"
 OVERLAY_KEY_ID = "b72532c161218bd5afe0"  # problem M=1, N=256, K=4096
 OVERLAY_ENTRY = f"overlay/{OVERLAY_FINGERPRINT}/{ARCH}/{OVERLAY_KEY_ID}.cuteaot"
 MISSED = [  # (key id, problem (M, N, K)), in log order
@@ -63,6 +65,7 @@ MISSED = [  # (key id, problem (M, N, K)), in log order
     ("52196d503cd6c843426c", (12, 256, 7168)),
 ]
 RECORD_KEY_ID = "f302bcaef1c3afa7b175"  # tests.user_kernels.scale:scale, n=1000, block=128
+RECORDED_SOURCE_HASH = "9c2b6e1210a70c8db211561e74eeb8f6dc0e67801f374480d2aa8d9bd4d5b53f"
 BUILD_CACHE_FILES = 2 * len(BUNDLE_KEY_IDS) + 2  # an object and its record per key; the bundle
 
 
@@ -98,7 +101,7 @@ def _require_build_machine() -> None:
 
 @pytest.fixture
 def old_cache(fresh_runtime):
-    """The cache folder 9a8d1b2 filled, as this test's CUTE_AOT_CACHE_DIR (a copy: opening and
+    """The cache folder 9d40a62 filled, as this test's CUTE_AOT_CACHE_DIR (a copy: opening and
     building write into it). A checkout gives the overlay key the mode its writer gave it."""
     shutil.copytree(DATA / "cache", fresh_runtime)
     (fresh_runtime / "keys" / "overlay.pem").chmod(0o600)
@@ -232,6 +235,25 @@ def test_this_code_describes_the_recorded_call_with_the_same_key_id():
     assert call.key().id == RECORD_KEY_ID
 
 
+def test_the_bundle_built_from_the_record_is_current_and_trusted(old_cache, signatures_required):
+    """A recorded-call bundle that commit built is served by this code: the recorded family's
+    source hash is the same, so users' shipped recorded bundles stay current."""
+    _require_toolchain()
+    manifest = read_manifest(RECORDED_BUNDLE)
+    assert manifest.families["cute_compile"]["source_hash"] == RECORDED_SOURCE_HASH
+    assert source_hash("cute_compile") == RECORDED_SOURCE_HASH
+    assert stale_reasons(manifest) == {}
+    set_mode("aot")
+    registry = Registry()
+    [loaded] = registry.load(RECORDED_BUNDLE, gpu_arch=ARCH)
+    assert registry.stale == {}
+    assert loaded.signer is not None
+    assert loaded.signer.key_id == RELEASE_SIGNER
+    assert sorted(loaded.entries) == [RECORD_KEY_ID]
+    [(_, record)] = read_records(RECORD)
+    assert loaded.entries[RECORD_KEY_ID].key == record["key"]
+
+
 # -- builds from them ------------------------------------------------------------------------------
 def test_a_rebuild_of_the_same_keys_reuses_the_old_build_cache(tmp_path):
     """Every object, and the linked bundle, comes from the old cache: nothing compiles, nothing
@@ -253,7 +275,7 @@ def test_a_rebuild_of_the_same_keys_reuses_the_old_build_cache(tmp_path):
         tmp_path,
         *("--family", "router_gemm", "--arch", "sm90a", "--no-default-shapes"),
         *("--shape", f"router_gemm:{SHAPE[0]},{SHAPE[1]}", "-j", "1"),
-        *("--name", "previous", "--bundle-version", "9a8d1b2"),
+        *("--name", "previous", "--bundle-version", "9d40a62"),
         *("--cache-dir", cache, "--out", out),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -271,8 +293,8 @@ def test_a_rebuild_of_the_same_keys_reuses_the_old_build_cache(tmp_path):
 
 @pytest.mark.slow
 def test_a_build_from_the_old_record_plans_the_recorded_key(tmp_path):
-    """A record is data: the recorded family's source hash moved since (its describer), which
-    makes an old recorded-call bundle stale, but an old record still builds, as the same key."""
+    """A record is data: whatever the recorded family's source hash does later (a describer
+    change makes recorded-call bundles stale), an old record still builds, as the same key."""
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
     record = tmp_path / RECORD.name
     shutil.copyfile(RECORD, record)

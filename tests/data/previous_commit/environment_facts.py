@@ -1,4 +1,4 @@
-"""Run with 9a8d1b2's code: the facts of this machine that the artifacts' digests depend on
+"""Run with 9d40a62's code: the facts of this machine that the artifacts' digests depend on
 besides cute-aot's code (what tests/test_previous_commit_artifacts.py needs to find here).
 
     python3 environment_facts.py > environment.json

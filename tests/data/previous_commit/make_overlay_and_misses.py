@@ -1,4 +1,4 @@
-"""Run with commit 9a8d1b2's code (see README.txt): one overlay entry, published the way that
+"""Run with commit 9d40a62's code (see README.txt): one overlay entry, published the way that
 commit's JIT publishes one, and a miss log of two keys, written by that commit's record_miss.
 
     CUTE_AOT_CACHE_DIR=<cache> CUTE_AOT_MISS_LOG=<log> python3 make_overlay_and_misses.py
@@ -15,11 +15,11 @@ from cute_aot.runtime.misses import record_miss
 
 ARCH = "sm_90a"
 router = family("router_gemm")
-# 9a8d1b2's dispatch takes the problem as (M, K, N).
+# dispatch takes the problem as (M, N, K).
 overlay_problem = RouterProblem(m=1, k=4096, n=256)
 splitk_problem = RouterProblem(m=12, k=7168, n=256)
-overlay_key = dispatch(1, 4096, 256, ARCH)
-splitk_key = dispatch(12, 7168, 256, ARCH)
+overlay_key = dispatch(1, 256, 4096, ARCH)
+splitk_key = dispatch(12, 256, 7168, ARCH)
 
 # What the JIT does on a miss in mode auto: compile, then export, pack, sign and publish.
 jit.compiled_function(overlay_key, ARCH, publish=True)
