@@ -140,8 +140,8 @@ def _read_header(path: Path, handle) -> tuple[int, bytes]:
 
 
 class DecodedManifests(Protocol):
-    """Manifests decoded before, by the sha256 of their bytes (runtime/manifest_memo.py): JSON
-    decoding is most of reading a large manifest."""
+    """Manifests decoded before, by the sha256 of their bytes (runtime/manifest_memo.py): reading
+    and decoding a large manifest is most of a bundle's open."""
 
     def get(self, sha256: str) -> Any | None:
         """The JSON values of the manifest whose bytes hash to `sha256`; None if not kept."""
@@ -152,7 +152,12 @@ class DecodedManifests(Protocol):
 
 def read_manifest(path: str | Path, decoded: DecodedManifests | None = None) -> Manifest:
     """The manifest, checked against its hash, schema and field formats; the payload is not read.
-    `decoded`: where its JSON may have been decoded before (then only the checks run again)."""
+
+    `decoded`: manifests decoded before. When it holds the values of the manifest hash the
+    header names, the manifest's bytes are not read again: those values were decoded from bytes
+    that had that hash, so they are what an intact file holds (a file damaged inside its
+    manifest since is not noticed here; a full read, `aot-cache verify`, notices it). Every
+    check on the values runs again."""
     path = Path(path)
     with _open_regular(path) as (handle, size):
         return _read_manifest(path, handle, size, decoded)
@@ -162,15 +167,17 @@ def _read_manifest(
     path: Path, handle, file_size: int, decoded: DecodedManifests | None = None
 ) -> Manifest:
     manifest_len, manifest_hash = _read_header(path, handle)
-    raw = handle.read(manifest_len)
-    if len(raw) != manifest_len:
-        raise BundleFormatError(path, "truncated inside the manifest")
-    if hashlib.sha256(raw).digest() != manifest_hash:
-        raise BundleIntegrityError(path, "manifest hash mismatch (manifest corrupted)")
     data = decoded.get(manifest_hash.hex()) if decoded is not None else None
     fresh = data is None
     if fresh:
+        raw = handle.read(manifest_len)
+        if len(raw) != manifest_len:
+            raise BundleFormatError(path, "truncated inside the manifest")
+        if hashlib.sha256(raw).digest() != manifest_hash:
+            raise BundleIntegrityError(path, "manifest hash mismatch (manifest corrupted)")
         data = decode_json(raw, str(path))
+    else:
+        handle.seek(manifest_len, os.SEEK_CUR)  # where the payload starts, as after a read
     manifest = manifest_of(data, str(path))
     check_fields(path, manifest)
     _check_limits(path, manifest)
@@ -245,6 +252,8 @@ _OPTIONAL_MANIFEST_FIELDS = {"signature": dict}
 def _expect(
     data: dict, schema: dict[str, type], path: str, what: str, optional: dict | None = None
 ) -> None:
+    if _exactly(data, schema, optional or {}):
+        return
     optional = {name: kind for name, kind in (optional or {}).items() if name in data}
     if set(data) != set(schema) | set(optional):
         missing = set(schema) - set(data)
@@ -255,6 +264,19 @@ def _expect(
     for name, kind in {**schema, **optional}.items():
         if not isinstance(data[name], kind) or (kind is int and isinstance(data[name], bool)):
             raise BundleFormatError(path, f"{what}: field {name!r} must be {kind.__name__}")
+
+
+def _exactly(data: dict, schema: dict[str, type], optional: dict[str, type]) -> bool:
+    """The common case in one pass, without building sets: every field of `schema`, and those of
+    `optional` that are there, with exactly their types (so no bool for an int), and no other.
+    Anything else goes through _expect's checks, which name what is wrong."""
+    count = len(schema)
+    for name, kind in optional.items():
+        if name in data:
+            if type(data[name]) is not kind:
+                return False
+            count += 1
+    return len(data) == count and all(type(data.get(name)) is kind for name, kind in schema.items())
 
 
 def _check_limits(path: Path, manifest: Manifest) -> None:

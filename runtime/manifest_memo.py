@@ -1,14 +1,16 @@
 """Manifests decoded before, kept per user: <cache dir>/manifests/<sha256>.<python>.marshal.
 
 A recorded kernel's key is kilobytes of JSON inside JSON, so a 600-kernel recorded bundle has a
-3.7 MB manifest whose decoding is half its open (~22 ms here); `marshal` reads the same values in
-~3.5 ms. A server's restart opens the bundle through its verified private library
-(runtime/loader.py) and gets the manifest's values from here, by the sha256 of the manifest's
-bytes, which the bundle's header has just checked. Only the decoding is skipped: the values are
-checked as a manifest again, and nothing from here is read unless it is a private file of this
-user in private folders up to the cache dir (runtime/private_files.py), the rule that lets the
-loader trust its verified libraries. A memo that cannot be read, kept or trusted is a miss: the
-manifest is decoded as before. `aot-cache gc` collects memos by age like the other caches.
+3.7 MB manifest, and reading, hashing and decoding it was most of the bundle's open (~27 ms of
+~42 here); `marshal` reads the same values in ~4 ms. A server's restart opens the bundle through
+its verified private library (runtime/loader.py) and takes the manifest's values from here, by
+the manifest sha256 the bundle's header names. Values are kept only once bytes with that hash
+were read, decoded and passed every check, so they are what an intact file holds; the file's
+manifest bytes are not read again (artifacts/bundle.read_manifest), and the values are checked as
+a manifest again. Nothing from here is read unless it is a private file of this user in private
+folders up to the cache dir (runtime/private_files.py), the rule that lets the loader trust its
+verified libraries. A memo that cannot be read, kept or trusted is a miss: the manifest is read
+and decoded as before. `aot-cache gc` collects memos by age like the other caches.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class ManifestMemo:
             return None
         try:
             with os.fdopen(fd, "rb") as handle:
-                return marshal.loads(handle.read(MAX_BYTES))
+                size = os.fstat(handle.fileno()).st_size
+                # Read exactly its size: a read of MAX_BYTES would allocate that much first.
+                return marshal.loads(handle.read(size)) if size <= MAX_BYTES else None
         except (OSError, EOFError, ValueError, TypeError):  # damaged: decoded as before
             return None
 

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import marshal
 import os
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from cute_aot.artifacts.bundle import HEADER, manifest_of, read_manifest
+from cute_aot.artifacts.bundle_writer import rewrite_manifest
+from cute_aot.artifacts.errors import BundleIntegrityError
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.runtime import manifest_memo
 from cute_aot.runtime.registry import REGISTRY, load_bundles
@@ -83,3 +88,30 @@ def test_a_full_disk_leaves_no_memo_and_the_bundle_opens(stub_bundles, fresh_run
         assert [memo.name for memo in _memos(fresh_runtime)] == [
             f"{_manifest_sha(path)}{manifest_memo.SUFFIX}"
         ]
+
+
+def test_a_bundle_replaced_at_the_same_path_is_read_not_taken_from_the_memo(
+    stub_bundles, fresh_runtime
+):
+    """The memo is found by the manifest hash the header names: a new manifest (a re-signed or
+    rebuilt bundle copied over the old one) has another, and is read and decoded."""
+    path = _bundle(stub_bundles)
+    old = _open(path)
+    rewrite_manifest(path, replace(old, bundle_version="replaced"))
+    assert _open(path).bundle_version == "replaced"
+    assert len(_memos(fresh_runtime)) == 2
+
+
+def test_on_a_memo_hit_the_manifest_bytes_are_not_read_again(stub_bundles, fresh_runtime):
+    """What the memo gives was decoded from bytes with the hash the header names, so the file's
+    manifest bytes are skipped: damage inside them after the memo was kept is served as the
+    intact values, and only a full read names it."""
+    path = _bundle(stub_bundles)
+    intact = _open(path)
+    data = bytearray(path.read_bytes())
+    inside = HEADER.size + data[HEADER.size :].index(b'"bundle_version"')
+    data[inside + 1 : inside + 7] = b"BUNDLE"  # the same length: only the hash tells
+    path.write_bytes(bytes(data))
+    assert _open(path) == intact
+    with pytest.raises(BundleIntegrityError, match="manifest hash mismatch"):
+        read_manifest(path)
