@@ -4,13 +4,17 @@ cannot be trusted, read or written is a miss, never a failure."""
 
 from __future__ import annotations
 
+import json
 import marshal
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from cute_aot.aot.tools.aot_cache.cli import main
 from cute_aot.artifacts.bundle import HEADER, manifest_of, read_manifest
 from cute_aot.artifacts.bundle_writer import rewrite_manifest
 from cute_aot.artifacts.errors import BundleIntegrityError
@@ -25,6 +29,13 @@ ARCH = "sm_90a"
 def _bundle(stub_bundles) -> Path:
     _, paths, _ = stub_bundles
     return next(path for path in paths if ARCH in path.name)
+
+
+def _own_copy(stub_bundles, tmp_path: Path) -> Path:
+    """A copy of the bundle that a test may change (the stub bundles are shared)."""
+    copy = tmp_path / _bundle(stub_bundles).name
+    shutil.copyfile(_bundle(stub_bundles), copy)
+    return copy
 
 
 def _open(path: Path) -> Manifest:
@@ -91,22 +102,22 @@ def test_a_full_disk_leaves_no_memo_and_the_bundle_opens(stub_bundles, fresh_run
 
 
 def test_a_bundle_replaced_at_the_same_path_is_read_not_taken_from_the_memo(
-    stub_bundles, fresh_runtime
+    stub_bundles, fresh_runtime, tmp_path
 ):
     """The memo is found by the manifest hash the header names: a new manifest (a re-signed or
     rebuilt bundle copied over the old one) has another, and is read and decoded."""
-    path = _bundle(stub_bundles)
+    path = _own_copy(stub_bundles, tmp_path)
     old = _open(path)
     rewrite_manifest(path, replace(old, bundle_version="replaced"))
     assert _open(path).bundle_version == "replaced"
     assert len(_memos(fresh_runtime)) == 2
 
 
-def test_on_a_memo_hit_the_manifest_bytes_are_not_read_again(stub_bundles, fresh_runtime):
+def test_on_a_memo_hit_the_manifest_bytes_are_not_read_again(stub_bundles, fresh_runtime, tmp_path):
     """What the memo gives was decoded from bytes with the hash the header names, so the file's
     manifest bytes are skipped: damage inside them after the memo was kept is served as the
     intact values, and only a full read names it."""
-    path = _bundle(stub_bundles)
+    path = _own_copy(stub_bundles, tmp_path)
     intact = _open(path)
     data = bytearray(path.read_bytes())
     inside = HEADER.size + data[HEADER.size :].index(b'"bundle_version"')
@@ -115,3 +126,15 @@ def test_on_a_memo_hit_the_manifest_bytes_are_not_read_again(stub_bundles, fresh
     assert _open(path) == intact
     with pytest.raises(BundleIntegrityError, match="manifest hash mismatch"):
         read_manifest(path)
+
+
+def test_aot_cache_env_shows_the_memos(stub_bundles, fresh_runtime):
+    path = _bundle(stub_bundles)
+    _open(path)
+    _open(path)  # the first open extracted the library; this one went through the memo
+    done = CliRunner().invoke(main, ["env", "--json"])
+    assert done.exit_code == 0, done.output
+    usage = json.loads(done.stdout)["paths"]["manifests"]
+    assert usage["path"] == str(fresh_runtime / "manifests")
+    assert usage["files"] == 1
+    assert usage["bytes"] == _memos(fresh_runtime)[0].stat().st_size

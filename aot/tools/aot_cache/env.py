@@ -35,9 +35,13 @@ def env_command(as_json):
             "tool", name, f"{tool['path']} ({tool['version']})" if tool["path"] else missing
         )
     where = report["paths"]
-    usage = {key: where[key] for key in ("overlay", "libs")}
+    usage = {key: where[key] for key in ("overlay", "libs", "manifests")}
     table.add_row("path", "cache dir", where["cache_dir"])
-    for label, key in (("overlay", "overlay"), ("unpacked libraries", "libs")):
+    for label, key in (
+        ("overlay", "overlay"),
+        ("unpacked libraries", "libs"),
+        ("decoded manifests", "manifests"),
+    ):
         table.add_row(
             "path",
             label,
