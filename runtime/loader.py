@@ -350,7 +350,8 @@ def check_manifest(
 
 def _open_trusted(path: Path, gpu_arch, accept, trust) -> LoadedBundle | None:
     """open_bundle through the verified private copy of its library; None when there is none."""
-    # header, manifest hash, schema and field formats; its JSON decoded by an earlier open
+    # header, schema and field formats; the values from the memo where an earlier open kept
+    # them (the manifest's bytes read and checked against the header's hash otherwise)
     manifest = read_manifest(path, manifest_memo.MEMO)
     signer = check_manifest(path, manifest, gpu_arch, accept, trust)
     check_entries(path, manifest, installed_key_class, derive_keys=False)
