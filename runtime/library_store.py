@@ -25,9 +25,10 @@ from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import SHA256_RE
 from cute_aot.artifacts.errors import BundleFormatError
 from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.private_files import make_private_folder, open_private
+from cute_aot.runtime.private_files import make_private_folder, open_private, read_private
 
 FACTS_SUFFIX = ".verified.json"
+_MAX_FACTS_BYTES = 1 << 24  # a library's facts are kilobytes
 
 
 class LibraryStore(Protocol):
@@ -57,7 +58,7 @@ class FolderStore:
         if not SHA256_RE.match(sha256):
             return None
         target = self.libs / f"{sha256}.so"
-        fd = self._open_private(target)
+        fd = open_private(target, self.root)
         if fd is None:
             return None
         try:
@@ -75,7 +76,7 @@ class FolderStore:
 
     def keep(self, sha256: str, library: bytes, facts: dict) -> tuple[int, str]:
         target = self._target(sha256)
-        self._make_folders()
+        make_private_folder(self.libs, self.root)
         fd = self._open_same(target, library)
         if fd is None:  # absent, damaged, replaced or not private: (re)write it, then verify
             atomic_write(target, library, mode=0o555)
@@ -94,15 +95,9 @@ class FolderStore:
             raise
         return fd, str(target)
 
-    # -- the folder's rules ----------------------------------------------------------------------
-    def _make_folders(self) -> None:
-        make_private_folder(self.libs, self.root)
-
-    def _open_private(self, path: Path) -> int | None:
-        return open_private(path, self.root)
-
+    # -- the folder's rules (runtime/private_files.py) ---------------------------------------
     def _open_same(self, target: Path, library: bytes) -> int | None:
-        fd = self._open_private(target)
+        fd = open_private(target, self.root)
         if fd is None:
             return None
         try:
@@ -116,11 +111,8 @@ class FolderStore:
         return None
 
     def _read_facts(self, target: Path) -> dict | None:
-        fd = self._open_private(_facts_path(target))
-        if fd is None:
-            return None
-        with os.fdopen(fd, "rb") as handle:
-            data = json.loads(handle.read(1 << 24))
+        raw = read_private(_facts_path(target), self.root, _MAX_FACTS_BYTES)
+        data = json.loads(raw) if raw is not None else None
         return data if isinstance(data, dict) else None
 
 

@@ -16,7 +16,6 @@ and decoded as before. `aot-cache gc` collects memos by age like the other cache
 from __future__ import annotations
 
 import marshal
-import os
 import re
 import sys
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 from cute_aot.artifacts import settings
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import MAX_MANIFEST_BYTES
-from cute_aot.runtime.private_files import make_private_folder, open_private
+from cute_aot.runtime.private_files import make_private_folder, read_private
 
 # The memo's area of the cache dir. Declared here, not in artifacts/cache_layout.py with the
 # others: that module is in the recorded family's source hash (through settings), so a line added
@@ -41,14 +40,9 @@ class ManifestMemo:
 
     def get(self, sha256: str) -> Any | None:
         root = settings.cache_dir()
-        fd = open_private(root / FOLDER / f"{sha256}{SUFFIX}", root)
-        if fd is None:
-            return None
         try:
-            with os.fdopen(fd, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                # Read exactly its size: a read of MAX_BYTES would allocate that much first.
-                return marshal.loads(handle.read(size)) if size <= MAX_BYTES else None
+            data = read_private(root / FOLDER / f"{sha256}{SUFFIX}", root, MAX_BYTES)
+            return marshal.loads(data) if data is not None else None
         except (OSError, EOFError, ValueError, TypeError):  # damaged: decoded as before
             return None
 

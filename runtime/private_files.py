@@ -71,6 +71,18 @@ def open_private(path: Path, root: Path) -> int | None:
     return None
 
 
+def read_private(path: Path, root: Path, limit: int) -> bytes | None:
+    """The bytes of `path` if it is a private file (open_private's rule) of at most `limit`
+    bytes; None otherwise. Read at its size: a read of `limit` bytes allocates that much first.
+    OSError: it could not be read."""
+    fd = open_private(path, root)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        return handle.read(size) if size <= limit else None
+
+
 def make_private_folder(folder: Path, root: Path) -> None:
     """`folder` made 0700 whatever the umask, inside `root` (the cache dir); group and other
     write taken away from folders of ours that have it (made under umask 002 by an older
