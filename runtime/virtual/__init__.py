@@ -31,13 +31,23 @@ import threading
 
 from cute_aot.artifacts import settings
 
-__all__ = ["Unanswerable", "active", "compile_calls", "start", "summary", "test_failed"]
+__all__ = [
+    "Unanswerable",
+    "active",
+    "check_not_made",
+    "checks_not_made",
+    "compile_calls",
+    "start",
+    "summary",
+    "test_failed",
+]
 
 _profile = None  # the GpuProfile answering, once started
 _lock = threading.Lock()
 _unanswered: collections.Counter = collections.Counter()  # (site, question, reason) -> times
 _compiles: dict[str, set] = collections.defaultdict(set)  # target -> distinct calls compiled
 _calls = 0
+_not_checked: collections.Counter = collections.Counter()  # (site, check) -> times
 # Failed tests of a pytest workload (pytest_plugin.py), by whose failure it is: "workload" (it
 # failed in its own code after its kernels compiled, e.g. asserting on numbers a virtual GPU
 # does not compute) or "recorder" (it failed before any compile, or inside a library: kernels it
@@ -83,6 +93,19 @@ def unanswerable(question: str, reason: str, kind=Unanswerable) -> Unanswerable:
     )
 
 
+def check_not_made(check: str) -> None:
+    """A numeric check of values nobody computed: counted with its site, not made."""
+    site = asked_at()
+    with _lock:
+        _not_checked[site, check] += 1
+
+
+def checks_not_made() -> int:
+    """Numeric checks not made so far in this process."""
+    with _lock:
+        return sum(_not_checked.values())
+
+
 def active():
     """The GpuProfile this process answers as, None when it is a real process."""
     return _profile
@@ -116,6 +139,9 @@ class LaunchesNothing:
         self.__wrapped__ = compiled
 
     def __call__(self, *args, **kwargs):
+        from cute_aot.runtime.virtual import launches
+
+        launches.wrote(args, kwargs)  # a kernel may write any memory it was handed
         return None
 
     def __getattr__(self, name):
@@ -176,6 +202,10 @@ def summary() -> dict:
             "compile_calls": _calls,
             "kernels": sum(len(calls) for calls in _compiles.values()),
             "targets": {target: len(calls) for target, calls in sorted(_compiles.items())},
+            "checks_not_made": [
+                {"site": site, "check": check, "times": n}
+                for (site, check), n in sorted(_not_checked.items())
+            ],
             "unanswerable": [
                 {"site": site, "question": question, "reason": reason, "times": n}
                 for (site, question, reason), n in sorted(_unanswered.items())
@@ -202,6 +232,13 @@ def _say_summary() -> None:
         f"  {u['site']}: {u['question']} ({u['reason']}) x{u['times']}"
         for u in found["unanswerable"]
     ]
+    if found["checks_not_made"]:
+        lines.append(
+            f"  {sum(c['times'] for c in found['checks_not_made'])} numeric checks not made "
+            "(their operands were written on the device), at "
+            + ", ".join(f"{c['site']} x{c['times']}" for c in found["checks_not_made"][:5])
+            + (" ..." if len(found["checks_not_made"]) > 5 else "")
+        )
     workload, recorder = found["failed_tests"]["workload"], found["failed_tests"]["recorder"]
     if workload or recorder:
         lines.append(

@@ -15,7 +15,14 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from cute_aot.runtime.virtual import Unanswerable, UnansweredAttribute, unanswerable
+from cute_aot.runtime.virtual import (
+    Unanswerable,
+    UnansweredAttribute,
+    check_not_made,
+    known_values,
+    torch_guard,
+    unanswerable,
+)
 
 # torch.cuda.get_device_properties' fields, from the driver attributes they are read from.
 PROPERTY_ATTRIBUTES = {
@@ -128,6 +135,46 @@ class MemPool:
         return (0, id(self))
 
 
+class CUDAGraph:
+    """A CUDA graph of the virtual GPU: a capture runs its work (so its kernels compile and are
+    recorded) and writes no values; a replay launches nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def capture_begin(self, *args, **kwargs):
+        _capture.depth = _capturing() + 1
+
+    def capture_end(self):
+        _capture.depth = max(0, _capturing() - 1)
+
+    def replay(self):
+        pass
+
+    def reset(self):
+        pass
+
+    def instantiate(self):
+        pass
+
+    def pool(self):
+        return (0, id(self))
+
+    def enable_debug_mode(self):
+        pass
+
+    def debug_dump(self, path):
+        pass
+
+
+_capture = threading.local()
+
+
+def _capturing() -> int:
+    """How many captures this thread is inside (non-zero while capturing)."""
+    return getattr(_capture, "depth", 0)
+
+
 _default_stream = None
 _current = threading.local()  # the stream `torch.cuda.stream(s)` made current, per thread
 
@@ -188,8 +235,11 @@ def _answers(profile) -> dict:
         "get_device_name": lambda device=None: profile.device_name,
         "get_arch_list": lambda: [profile.arch.removesuffix("a")],
         "synchronize": nothing(),
-        # nothing is ever captured into a CUDA graph here (autotuners ask before they time)
-        "is_current_stream_capturing": lambda: False,
+        # a capture runs its work (its kernels compile) and writes no values; a replay
+        # launches nothing
+        "is_current_stream_capturing": lambda: bool(_capturing()),
+        "CUDAGraph": CUDAGraph,
+        "graph_pool_handle": lambda: (0, 0),
         "current_stream": current_stream,
         "default_stream": lambda device=None: _default_stream,
         "set_stream": set_stream,
@@ -222,11 +272,13 @@ def _install(profile) -> None:
 
     for name, answer in _answers(profile).items():
         setattr(torch.cuda, name, answer)
+    torch.cuda.graphs.CUDAGraph = CUDAGraph  # torch.cuda.graph(...) makes one there
     # torch's own C entry points that libraries call directly (a CPU build has none of them)
     current = torch.cuda.current_stream
     torch._C._cuda_getCurrentRawStream = lambda device=0: current().cuda_stream
     torch._C._cuda_getDevice = lambda: 0
     torch._C._cuda_getDeviceCount = lambda: 1
+    torch._C._host_emptyCache = lambda: None  # torch.cuda.graph frees pinned host memory
     # NVTX ranges mark a profiler's timeline: nothing runs, nothing to mark
     for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
         setattr(torch.cuda.nvtx, name, lambda *args, **kwargs: 0)
@@ -234,8 +286,10 @@ def _install(profile) -> None:
     torch.Generator = _generator_class()
     if torch.version.cuda is None:  # a CPU build of torch: libraries ask which CUDA it has
         torch.version.cuda = profile.cuda_version
-    if not torch.backends.cuda.is_built():
-        _index_through_meta()
+    torch_guard.install()
+    _checks_on_known_values(torch)
+    for name in ("tensor", "as_tensor", "asarray"):
+        setattr(torch, name, _made_on_host(getattr(torch, name)))
     routing = _routing_mode()
     routing.__enter__()  # this thread, for the life of the process
     _enter_on_every_thread(routing)
@@ -273,12 +327,51 @@ def _generator_class():
     return Generator
 
 
-def _routing_mode():
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
+def _made_on_host(make):
+    """torch.tensor(data, device="cuda") and its kin build the tensor with torch's dispatch modes
+    set aside, then move it: made on the host here and moved through `.to`, where the virtual
+    GPU sees it (and keeps its values)."""
+    import torch
+
+    def made(*args, device=None, **kwargs):
+        if device is None or torch.device(device).type != "cuda":
+            return make(*args, device=device, **kwargs)
+        return make(*args, **kwargs).to(device)
+
+    made.__wrapped__ = make
+    return made
+
+
+def _checks_on_known_values(torch) -> None:
+    """torch.testing.assert_close whose operands a virtual GPU does not know is not made: it is
+    counted as such, with its site, and the workload runs on to its next kernel. Where every
+    operand is known (host-made metadata), the check is made."""
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_leaves
 
+    real = torch.testing.assert_close
+
+    def assert_close(actual, expected, *args, **kwargs):
+        operands = tree_leaves((actual, expected))
+        if any(isinstance(t, FakeTensor) and not known_values.known(t) for t in operands):
+            check_not_made("torch.testing.assert_close")
+            return None
+        return real(actual, expected, *args, **kwargs)
+
+    assert_close.__wrapped__ = real
+    torch.testing.assert_close = assert_close
+
+
+def _routing_mode():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves, tree_map
+
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    item = torch.ops.aten._local_scalar_dense.default
+    overwrites = {torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar}
+    overwrites |= {torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default}
 
     def touches_cuda(args, kwargs) -> bool:
         device = kwargs.get("device")
@@ -286,8 +379,142 @@ def _routing_mode():
             return True
         return any(isinstance(leaf, FakeTensor) for leaf in tree_leaves((args, kwargs)))
 
+    def written(func, args, kwargs) -> list:
+        """The tensors `func` writes into (its schema's mutable arguments)."""
+        found = []
+        for index, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[index] if index < len(args) else kwargs.get(argument.name)
+            found += [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+        return found
+
+    def computes_values(func) -> bool:
+        """Whether `func`'s results are values a host knows: not drawn on the device, not
+        uninitialized memory, not written inside a capture (nothing runs until a replay)."""
+        if torch.Tag.nondeterministic_seeded in func.tags or _capturing():
+            return False
+        return not func.overloadpacket.__name__.lstrip("_").startswith(_UNINITIALIZED)
+
+    def on_host(func, args, kwargs, out, targets, dynamic):
+        """`func` run again on the CPU copies of its operands' values; None when one of them is
+        unknown or nothing of the result would be kept."""
+        if not computes_values(func):
+            return None
+        results = tree_leaves(out)
+        wanted = dynamic or any(known_values.known(t) for t in targets if isinstance(t, FakeTensor))
+        wanted = wanted or any(not isinstance(t, FakeTensor) for t in targets)
+        wanted = wanted or any(
+            isinstance(r, FakeTensor) and (r.device.type != "cuda" or known_values.keepable(r))
+            for r in results
+        )
+        if not wanted:
+            return None
+        if func in overwrites and isinstance(args[0], FakeTensor):
+            if not known_values.known(args[0]) and not known_values.start_blank(args[0]):
+                return None
+
+        def host(value):
+            if isinstance(value, FakeTensor):
+                found = known_values.values(value)
+                if found is None:
+                    raise LookupError
+                return found
+            if isinstance(value, torch.device) and value.type == "cuda":
+                return torch.device("cpu")
+            return value
+
+        try:
+            host_args, host_kwargs = tree_map(host, (args, kwargs))
+        except LookupError:
+            return None
+        try:
+            return (func(*host_args, **host_kwargs),)
+        except Exception:  # no CPU kernel for it (fp8 arithmetic, ...): the values stay unknown
+            return None
+
+    def paired(out, host_out):
+        """The fake results, each fresh one with its values kept; results on the host are the
+        real values."""
+
+        def pair(result, value):
+            if not isinstance(result, FakeTensor) or not isinstance(value, torch.Tensor):
+                return result
+            if result.device.type != "cuda":
+                return value
+            if not known_values.known(result):  # a view or an in-place result is known already
+                known_values.keep(result, value)
+            return result
+
+        return tree_map(pair, out, host_out)
+
+    def like(value):
+        """A fake CUDA tensor laid out as a host result whose shape came from values."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        with fake:
+            return torch.empty_strided(
+                value.shape, value.stride(), dtype=value.dtype, device=_device()
+            )
+
+    def as_fake(value):
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return fake.from_tensor(value)
+        return value
+
+    def run(func, args, kwargs):
+        if func is item:
+            found = known_values.values(args[0])
+            if found is None and not known_values.keepable(args[0]):
+                raise unanswerable(
+                    "a floating-point value of a CUDA tensor (.item(), .tolist(), control flow)",
+                    "a virtual GPU computes no floating-point values: a CPU's rounding is not a "
+                    "GPU's",
+                )
+            if found is None:
+                raise unanswerable(
+                    "a value of a CUDA tensor (.item(), .tolist(), control flow on it)",
+                    "it was made on the device (by a launch, a random draw, uninitialized "
+                    "memory) or derived from such a value: nothing computed it",
+                )
+            return found.item()
+        targets = written(func, args, kwargs)
+        dynamic = None
+        try:
+            # host tensors enter as fakes too: FakeTensorMode runs an op of real tensors alone
+            # for real, and a real CUDA op needs a GPU
+            fake_args, fake_kwargs = tree_map(as_fake, (args, kwargs))
+            with fake:
+                out = func(*fake_args, **fake_kwargs)
+        except Unanswerable:
+            raise
+        except Exception as exc:
+            if not _reads_values(exc):
+                raise
+            out, dynamic = None, exc
+        host_out = on_host(func, args, kwargs, out, targets, dynamic)
+        if host_out is None:
+            for target in targets:
+                if isinstance(target, FakeTensor):
+                    known_values.forget(target)
+                else:
+                    raise unanswerable(
+                        "copying a CUDA tensor into host memory",
+                        "its values were made on the device, or derived from such values",
+                    )
+            if dynamic is not None:
+                raise unanswerable(
+                    f"{func} of a CUDA tensor",
+                    "its result's shape depends on values written on the device",
+                ) from dynamic
+            return out
+        if dynamic is not None:
+            out = tree_map(like, host_out[0])
+        return paired(out, host_out[0])
+
     class VirtualCuda(TorchDispatchMode):
-        """CUDA ops to fake tensors, the rest for real."""
+        """CUDA ops to fake tensors (with their values where the host knows them), the rest
+        for real."""
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -295,131 +522,13 @@ def _routing_mode():
                 kwargs = {**kwargs, "pin_memory": False}
             if not touches_cuda(args, kwargs):
                 return func(*args, **kwargs)
-            try:
-                with fake:
-                    return func(*args, **kwargs)
-            except Unanswerable:
-                raise
-            except Exception as exc:
-                if _reads_values(exc):
-                    raise unanswerable(
-                        f"{func} of a CUDA tensor",
-                        "a host read of device memory (.item(), .tolist(), control flow on values)",
-                    ) from exc
-                raise
+            return run(func, args, kwargs)
 
     return VirtualCuda()
 
 
-def _index_through_meta() -> None:
-    """A CPU build of torch has no CUDA device guard, and Tensor indexing (`x[:1]`, `x[i] = v`)
-    takes one before it dispatches. On such a build a fake CUDA tensor is indexed through a meta
-    twin (same sizes, strides and offset): the result is re-made on the fake tensor, a view where
-    indexing gives a view, and an assignment is checked there (a fake tensor holds no values)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    def twin(value):
-        if isinstance(value, (tuple, list)):
-            return type(value)(twin(item) for item in value)
-        if not isinstance(value, torch.Tensor) or value.device.type == "meta":
-            return value
-        extent = (
-            1
-            + value.storage_offset()
-            + sum((n - 1) * s for n, s in zip(value.shape, value.stride(), strict=True) if n > 0)
-        )
-        base = torch.empty(extent, dtype=value.dtype, device="meta")
-        return base.as_strided(value.shape, value.stride(), value.storage_offset())
-
-    def meta_result(index_op, *args):
-        try:
-            return index_op(*args)
-        except (RuntimeError, NotImplementedError) as exc:  # a boolean mask: shape from values
-            raise unanswerable(
-                "indexing a CUDA tensor by its values",
-                "a host read of device memory (the result's shape depends on them)",
-            ) from exc
-
-    get_item, set_item = torch.Tensor.__getitem__, torch.Tensor.__setitem__
-
-    def getitem(self, index):
-        if self.device.type != "cuda":
-            return get_item(self, index)
-        found = meta_result(get_item, twin(self), twin(index))
-        if found._is_view():
-            return torch.as_strided(self, found.shape, found.stride(), found.storage_offset())
-        return torch.empty_strided(
-            found.shape, found.stride(), dtype=found.dtype, device=self.device
-        )
-
-    def setitem(self, index, value):
-        if self.device.type != "cuda":
-            return set_item(self, index, value)
-        meta_result(set_item, twin(self), twin(index), twin(value))
-
-    FakeTensor.__getitem__ = getitem
-    FakeTensor.__setitem__ = setitem
-    # Copying into a CUDA tensor (an autotuner staging its inputs) takes the guard as well: the
-    # copy is checked on meta twins, as torch checks it, and the fake destination stays as it is.
-    copy = torch.Tensor.copy_
-
-    def copied(self, src, non_blocking=False):
-        reads = isinstance(src, torch.Tensor) and src.device.type == "cuda"
-        if self.device.type != "cuda" and not reads:
-            return copy(self, src, non_blocking)
-        if self.device.type != "cuda":
-            raise unanswerable(
-                "copying a CUDA tensor into host memory", "a host read of device memory"
-            )
-        copy(twin(self), twin(src))
-        return self
-
-    torch.Tensor.copy_ = copied
-    # Moving to the GPU takes the guard too: torch.tensor(data, device="cuda"), x.to("cuda"),
-    # x.cuda() are made on the CPU, then as a fake CUDA tensor of the same layout.
-    for name in ("tensor", "as_tensor"):
-        setattr(torch, name, _made_on_cpu(getattr(torch, name)))
-    to, cuda = torch.Tensor.to, torch.Tensor.cuda
-
-    def moved(self, *args, **kwargs):
-        device, dtype = _target_of_to(args, kwargs)
-        if device is None or device.type != "cuda":
-            return to(self, *args, **kwargs)
-        if self.device.type == "cuda":
-            return self if dtype in (None, self.dtype) else to(self, dtype)
-        return torch.empty_like(self, dtype=dtype or self.dtype, device=device)
-
-    torch.Tensor.to = moved
-    torch.Tensor.cuda = lambda self, device=None, *args, **kwargs: moved(self, "cuda")
-    torch.Tensor.cuda.__wrapped__ = cuda
-
-
-def _target_of_to(args, kwargs):
-    """(device, dtype) a Tensor.to call asks for (None where it does not say)."""
-    import torch
-
-    device, dtype = kwargs.get("device"), kwargs.get("dtype")
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            device, dtype = arg.device, arg.dtype
-        elif isinstance(arg, torch.dtype):
-            dtype = arg
-        elif isinstance(arg, (str, torch.device, int)) and not isinstance(arg, bool):
-            device = arg
-    return (torch.device(device) if device is not None else None), dtype
-
-
-def _made_on_cpu(make):
-    import torch
-
-    def made(*args, device=None, **kwargs):
-        if device is None or torch.device(device).type != "cuda":
-            return make(*args, device=device, **kwargs)
-        return torch.empty_like(make(*args, **kwargs), device=device)  # fake: layout, no values
-
-    made.__wrapped__ = make
-    return made
+# aten ops whose results hold whatever memory held before (names without a leading underscore)
+_UNINITIALIZED = ("empty", "new_empty", "resize")
 
 
 def _reads_values(exc: Exception) -> bool:

@@ -1,0 +1,120 @@
+"""An unmodified program of the kind real test suites are: integer devices, views made contiguous,
+an autograd Function whose forward and backward each launch the user kernel
+(tests/user_kernels/scale.py; block 128 forward, 256 backward), host reads of index tensors, a
+numeric check mid-way, and a CUDA-graph capture that launches the kernel (block 512). It imports
+nothing of cute-aot. Each case prints one JSON line: {"case": ..., "ok": true, ...} or
+{"case": ..., "ok": false, "error": type, "message": ...}; a failing case does not stop the rest.
+
+    python -m tests.user_kernels.training_program
+"""
+
+import json
+import sys
+import traceback
+
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_stream
+
+from tests.user_kernels.scale import scale
+
+
+def launch(x: torch.Tensor, block: int) -> torch.Tensor:
+    """y = x * 0.5 by the user kernel (TVM-FFI, torch tensors, the current stream)."""
+    y = torch.empty_like(x)
+    compiled = cute.compile[cute.EnableTVMFFI(True)](
+        scale,
+        cute.runtime.from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
+        cute.runtime.from_dlpack(y, assumed_align=16).mark_layout_dynamic(),
+        1.0,
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        block=block,
+    )
+    compiled(x, y, 0.5)
+    return y
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return launch(x.detach(), 128)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return launch(grad.contiguous(), 256)
+
+
+def integer_device():
+    x, y = torch.randn(4, 8).to(0), torch.randn(4, 8, device=0)
+    return {"devices": [str(x.device), str(y.device), str(torch.device(0))]}
+
+
+def contiguous_view():
+    q = torch.randn(2, 8, 4, device="cuda").transpose(0, 1)
+    c = q.contiguous()
+    return {"shape": list(c.shape), "contiguous": [q.is_contiguous(), c.is_contiguous()]}
+
+
+def backward():
+    x = torch.randn(1024, device="cuda", requires_grad=True)
+    Scale.apply(x).sum().backward()
+    return {"grad": [list(x.grad.shape), str(x.grad.device)]}
+
+
+def host_made_index():
+    seq_lens = torch.tensor([3, 9, 4], dtype=torch.int32, device="cuda")
+    offsets = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int32), (1, 0))
+    return {
+        "max": seq_lens.max().item(),
+        "offsets": offsets.tolist(),
+        "any_long": bool((seq_lens > 8).any()),
+    }
+
+
+def stub_output():
+    counts = torch.zeros(1024, dtype=torch.int32, device="cuda")
+    launch(counts.float(), 128)
+    return {"read": launch(counts.view(torch.float32), 128).view(torch.int32)[0].item()}
+
+
+def check_then_next_kernel():
+    y = launch(torch.randn(1024, device="cuda"), 128)
+    torch.testing.assert_close(y, torch.zeros_like(y))  # numbers nobody computed
+    launch(torch.randn(2048, device="cuda"), 256)
+    return {"after_the_check": True}
+
+
+def graph_capture():
+    x = torch.randn(1024, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        capturing = torch.cuda.is_current_stream_capturing()
+        launch(x, 512)
+    graph.replay()
+    return {"capturing": capturing, "after": torch.cuda.is_current_stream_capturing()}
+
+
+CASES = [
+    integer_device,
+    contiguous_view,
+    backward,
+    host_made_index,
+    stub_output,
+    check_then_next_kernel,
+    graph_capture,
+]
+
+
+def main(argv: list[str]) -> None:
+    for case in CASES:
+        try:
+            line = {"case": case.__name__, "ok": True, **case()}
+        except Exception as exc:
+            traceback.print_exc()
+            line = {"case": case.__name__, "ok": False}
+            line.update(error=type(exc).__name__, message=str(exc)[:400])
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
