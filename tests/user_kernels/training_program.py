@@ -1,7 +1,7 @@
 """An unmodified program of the kind real test suites are: integer devices, views made contiguous,
 an autograd Function whose forward and backward each launch the user kernel
 (tests/user_kernels/scale.py; block 128 forward, 256 backward), host reads of index tensors, a
-numeric check mid-way, and a CUDA-graph capture that launches the kernel (block 512). It imports
+numeric check mid-way followed by a kernel (block 64), and a CUDA-graph capture that launches the kernel (block 512). It imports
 nothing of cute-aot. Each case prints one JSON line: {"case": ..., "ok": true, ...} or
 {"case": ..., "ok": false, "error": type, "message": ...}; a failing case does not stop the rest.
 
@@ -80,7 +80,7 @@ def stub_output():
 def check_then_next_kernel():
     y = launch(torch.randn(1024, device="cuda"), 128)
     torch.testing.assert_close(y, torch.zeros_like(y))  # numbers nobody computed
-    launch(torch.randn(2048, device="cuda"), 256)
+    launch(torch.randn(2048, device="cuda"), 64)
     return {"after_the_check": True}
 
 
