@@ -87,6 +87,19 @@ def _merged(processes: dict) -> dict:
     for process in processes.values():
         for whose, tests in process.get("virtual", {}).get("failed_tests", {}).items():
             failed.setdefault(whose, []).extend(tests)
+    tests = sorted(  # virtual GPUs: each test of a suite, with its compiles and checks not made
+        (
+            row
+            for process in processes.values()
+            for row in process.get("virtual", {}).get("tests", [])
+        ),
+        key=lambda row: row["test"],
+    )
+    not_checked: dict[tuple, int] = {}
+    for process in processes.values():
+        for check in process.get("virtual", {}).get("checks_not_made", []):
+            subject = (check["site"], check["check"])
+            not_checked[subject] = not_checked.get(subject, 0) + check["times"]
     return {
         "format": REPORT_FORMAT,
         **{total: sum(p.get(total, 0) for p in processes.values()) for total in TOTALS},
@@ -105,6 +118,17 @@ def _merged(processes: dict) -> dict:
         **(
             {"failed_tests": {w: sorted(t, key=lambda r: r["test"]) for w, t in failed.items()}}
             if any(failed.values())
+            else {}
+        ),
+        **({"tests": tests} if tests else {}),
+        **(
+            {
+                "checks_not_made": [
+                    {"site": site, "check": check, "times": n}
+                    for (site, check), n in sorted(not_checked.items())
+                ]
+            }
+            if not_checked
             else {}
         ),
         "processes": processes,

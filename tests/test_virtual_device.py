@@ -274,6 +274,12 @@ def test_asks_before_it_compiles():
 
 def test_compiles():
     run_user_kernel(1000, 256, "tvm_ffi")
+
+
+def test_checks_unknown_numbers_then_compiles_again():
+    x = torch.randn(64, device="cuda")
+    torch.testing.assert_close(x * 2, x + x)  # numbers nobody computed: not made, counted
+    run_user_kernel(1000, 64, "tvm_ffi")
 """
 
 
@@ -304,4 +310,13 @@ def test_a_test_suite_s_own_failures_are_told_from_the_recorder_s(tmp_path):
     assert recorder["compiled"] == 0 and recorder["error"].startswith("Unanswerable")
     assert recorder["site"].endswith("test_workload.py:13")  # its .item() line
     assert "1 the workload's" in done.stderr and "1 the recorder's" in done.stderr
-    assert len(_records(tmp_path / "records")) == 2  # the two tests that compiled
+    assert len(_records(tmp_path / "records")) == 3  # the three tests that compiled
+    tests = {row["test"].split("::")[1]: row for row in json.loads(report.read_text())["tests"]}
+    assert tests["test_checks_unknown_numbers_then_compiles_again"] == {
+        "test": "test_workload.py::test_checks_unknown_numbers_then_compiles_again",
+        "compile_calls": 1,
+        "checks_not_made": 1,
+        "outcome": "passed",
+    }
+    assert tests["test_asks_before_it_compiles"]["outcome"] == "failed (recorder's)"
+    assert tests["test_compiles"]["outcome"] == "passed"

@@ -60,9 +60,7 @@ def training(tmp_path_factory):
 
 def _blocks(records) -> list[int]:
     """The user kernel's block size of each recorded call, in order."""
-    return [
-        dict(json.loads(record["key"]["call"])["args"])["block"]["value"] for record in records
-    ]
+    return [dict(json.loads(record["key"]["call"])["args"])["block"]["value"] for record in records]
 
 
 def test_an_integer_device_is_the_virtual_cuda_device(training):

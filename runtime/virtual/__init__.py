@@ -53,6 +53,7 @@ _not_checked: collections.Counter = collections.Counter()  # (site, check) -> ti
 # does not compute) or "recorder" (it failed before any compile, or inside a library: kernels it
 # would have compiled were not recorded).
 _failures: dict[str, list[dict]] = {"workload": [], "recorder": []}
+_tests: list[dict] = []  # per test of a pytest workload: compiles, checks not made, outcome
 
 
 class Unanswerable(RuntimeError):
@@ -163,6 +164,20 @@ def test_failed(test: str, compiled: int, in_test_code: bool, error: str, site: 
     return whose
 
 
+def test_ran(test: str, compiled: int, not_checked: int, outcome: str) -> None:
+    """One test of a pytest workload, for the summary: its cute.compile calls, the numeric
+    checks it could not make, and its outcome (passed, skipped, or whose failure)."""
+    with _lock:
+        _tests.append(
+            {
+                "test": test,
+                "compile_calls": compiled,
+                "checks_not_made": not_checked,
+                "outcome": outcome,
+            }
+        )
+
+
 def load_profile(spec: str):
     """CUTE_AOT_VIRTUAL's value -> GpuProfile: a name, an architecture, or a JSON override file."""
     from cute_aot.kernels import gpu_profiles
@@ -210,6 +225,7 @@ def summary() -> dict:
                 {"site": site, "question": question, "reason": reason, "times": n}
                 for (site, question, reason), n in sorted(_unanswered.items())
             ],
+            "tests": sorted(_tests, key=lambda row: row["test"]),
             "failed_tests": {
                 whose: sorted(failed, key=lambda row: row["test"])
                 for whose, failed in _failures.items()

@@ -14,25 +14,32 @@ import pytest
 from cute_aot.runtime import virtual
 
 _STARTED = "_cute_aot_compile_calls"
+_UNCHECKED = "_cute_aot_checks_not_made"
 
 
 def pytest_runtest_setup(item) -> None:
     if virtual.active():
         setattr(item, _STARTED, virtual.compile_calls())
+        setattr(item, _UNCHECKED, virtual.checks_not_made())
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if not virtual.active() or report.when != "call" or not report.failed or call.excinfo is None:
+    if not virtual.active() or report.when != "call":
+        return
+    compiled = virtual.compile_calls() - getattr(item, _STARTED, virtual.compile_calls())
+    not_checked = virtual.checks_not_made() - getattr(item, _UNCHECKED, 0)
+    if not report.failed or call.excinfo is None:
+        virtual.test_ran(item.nodeid, compiled, not_checked, report.outcome)
         return
     asked = _where_asked(call.excinfo.traceback)
     site = f"{asked.path}:{asked.lineno + 1}"
     in_test_code = Path(str(asked.path)) == Path(str(item.path))
-    compiled = virtual.compile_calls() - getattr(item, _STARTED, virtual.compile_calls())
     error = f"{call.excinfo.typename}: {str(call.excinfo.value)[:200]}"
-    virtual.test_failed(item.nodeid, compiled, in_test_code, error, site)
+    whose = virtual.test_failed(item.nodeid, compiled, in_test_code, error, site)
+    virtual.test_ran(item.nodeid, compiled, not_checked, f"failed ({whose}'s)")
 
 
 def _where_asked(traceback):

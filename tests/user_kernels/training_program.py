@@ -1,9 +1,10 @@
 """An unmodified program of the kind real test suites are: integer devices, views made contiguous,
 an autograd Function whose forward and backward each launch the user kernel
 (tests/user_kernels/scale.py; block 128 forward, 256 backward), host reads of index tensors, a
-numeric check mid-way followed by a kernel (block 64), and a CUDA-graph capture that launches the kernel (block 512). It imports
-nothing of cute-aot. Each case prints one JSON line: {"case": ..., "ok": true, ...} or
-{"case": ..., "ok": false, "error": type, "message": ...}; a failing case does not stop the rest.
+numeric check mid-way followed by a kernel (block 64), and a CUDA-graph capture that launches
+the kernel (block 512). It imports nothing of cute-aot. Each case prints one JSON line,
+{"case": ..., "ok": true, ...} or {"case": ..., "ok": false, "error": type, "message": ...};
+a failing case does not stop the rest.
 
     python -m tests.user_kernels.training_program
 """
