@@ -18,6 +18,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PROGRAM = REPO / "tests" / "user_kernels" / "training_program.py"
+
+
+def _site(statement: str) -> str:
+    """training_program.py:LINE of the line that holds `statement`."""
+    lines = PROGRAM.read_text().splitlines()
+    (number,) = [n for n, line in enumerate(lines, 1) if statement in line]
+    return f"training_program.py:{number}"
 
 
 def _run(tmp_path, argv, **env) -> subprocess.CompletedProcess:
@@ -101,15 +109,17 @@ def test_a_read_of_what_a_launch_wrote_is_refused_with_its_site(training):
     cases, _, stderr = training
     refused = cases["stub_output"]
     assert (refused["ok"], refused["error"]) == (False, "Unanswerable")
-    assert "training_program.py:77" in refused["message"]
-    assert "made on the device" in refused["message"]
-    assert "training_program.py:77: a value of a CUDA tensor" in stderr  # the summary names it
+    site = _site('return {"read":')
+    assert site in refused["message"] and "made on the device" in refused["message"]
+    assert f"{site}: a value of a CUDA tensor" in stderr  # the summary names it
 
 
 def test_a_check_of_unknown_values_is_counted_and_the_run_goes_on_to_its_next_kernel(training):
     cases, records, stderr = training
     assert cases["check_then_next_kernel"]["after_the_check"] is True
-    assert "1 numeric checks not made" in stderr and "training_program.py:82 x1" in stderr
+    assert "2 numeric checks not made" in stderr
+    assert f"{_site('torch.testing.assert_close(y')} x1" in stderr
+    assert f"{_site('assert (y - 0.5 * y)')} x1" in stderr
     # the kernel after the check (block 64) was compiled and recorded
     assert 64 in _blocks(records)
 

@@ -24,6 +24,7 @@ question and call site, and counted in the summary said at exit. No value is inv
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import sys
@@ -81,6 +82,31 @@ def asked_at() -> str:
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+def in_assert() -> bool:
+    """Whether the truth value being asked decides an assertion in the workload's own frame: a
+    jump taken when it is true over code that raises AssertionError (an `assert` statement, as
+    Python compiles it or as pytest rewrites it)."""
+    frame = sys._getframe(1)
+    while frame is not None and plumbing(frame.f_globals.get("__name__", "")):
+        frame = frame.f_back
+    return frame is not None and _skips_a_raise(frame.f_code, frame.f_lasti)
+
+
+@functools.cache
+def _skips_a_raise(code, offset: int) -> bool:
+    import dis
+
+    instructions = list(dis.get_instructions(code))
+    jump = next((i for i in instructions if i.offset == offset), None)
+    if jump is None or "IF_TRUE" not in jump.opname or not isinstance(jump.argval, int):
+        return False
+    skipped = [i for i in instructions if offset < i.offset < jump.argval]
+    loads_error = any(
+        i.opname == "LOAD_ASSERTION_ERROR" or i.argval == "AssertionError" for i in skipped
+    )
+    return loads_error and any(i.opname == "RAISE_VARARGS" for i in skipped)
 
 
 def unanswerable(question: str, reason: str, kind=Unanswerable) -> Unanswerable:

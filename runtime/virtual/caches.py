@@ -19,14 +19,15 @@ CACHE_VARIABLES = (
     "FLASHINFER_AUTOTUNE_DIR",  # FlashInfer: calibration files of its tuners
     "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR",  # flash-attention's CuTe DSL cache
     "CUTE_DSL_CACHE_DIR",  # cutlass-dsl's own file cache
+    "QUACK_CACHE_DIR",  # quack's compiled objects
     "TRITON_CACHE_DIR",
     "TORCHINDUCTOR_CACHE_DIR",
     "XDG_CACHE_HOME",  # what the others fall back on (~/.cache)
 )
-# Caches that would hand back a real function: FlashInfer's CuTe DSL disk cache exports what
-# cute.compile returned and loads it again, which a virtual GPU cannot run. Off, so that the
-# workload calls what cute.compile returned (a stub).
-CACHES_OFF = {"FLASHINFER_CUTE_DSL_DISABLE_CACHE": "1"}
+# Caches that would hand back a real function: FlashInfer's CuTe DSL disk cache and quack's
+# `.o` cache export what cute.compile returned and load it again through TVM-FFI, which a
+# virtual GPU cannot run. Off, so that the workload calls what cute.compile returned (a stub).
+CACHES_OFF = {"FLASHINFER_CUTE_DSL_DISABLE_CACHE": "1", "QUACK_CACHE_ENABLED": "0"}
 
 
 def isolate() -> str:

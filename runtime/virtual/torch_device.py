@@ -19,6 +19,7 @@ from cute_aot.runtime.virtual import (
     Unanswerable,
     UnansweredAttribute,
     check_not_made,
+    in_assert,
     known_values,
     torch_guard,
     unanswerable,
@@ -465,6 +466,9 @@ def _routing_mode():
     def run(func, args, kwargs):
         if func is item:
             found = known_values.values(args[0])
+            if found is None and args[0].dtype == torch.bool and in_assert():
+                check_not_made("assert on values of CUDA tensors")  # a check, not a value
+                return True
             if found is None and not known_values.keepable(args[0]):
                 raise unanswerable(
                     "a floating-point value of a CUDA tensor (.item(), .tolist(), control flow)",

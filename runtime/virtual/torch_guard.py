@@ -16,10 +16,12 @@ object says CUDA is built, available and has a context. Both are reached through
 exports (`c10::impl::device_guard_impl_registry` in libc10, `at::detail::getCUDAHooks` in
 libtorch_cpu) with ctypes. The answers that must say "CUDA" or "yes" (the guard's `type()`, the
 hooks' `isBuilt`, `isAvailable`, `hasPrimaryContext`) are one native function of two
-instructions that returns 1 (c10::DeviceType::CUDA is 1, and so is true), put in each object's
-copy of its vtable: nothing calls back into Python, so the answers hold on every thread and
-after the interpreter has finalized (C++ destructors ask too). Nothing happens in a process that
-is not a virtual GPU: this module is imported only by `torch_device.start`.
+instructions that returns 1 (c10::DeviceType::CUDA is 1, and so is true), and the guard's
+`getStreamNativeHandle` (TVM-FFI's DLPack exchange asks it) one that returns 0, the default
+stream; each is put in the object's copy of its vtable. Nothing calls back into Python, so the
+answers hold on every thread and after the interpreter has finalized (C++ destructors ask too).
+Nothing happens in a process that is not a virtual GPU: this module is imported only by
+`torch_device.start`.
 
 Why not the alternatives: torch's FakeTensorMode and meta tensors stop at dispatch, after these
 guards were taken; a PrivateUse1 backend is another device type (records would say so, and
@@ -40,13 +42,15 @@ _CUDA, _PRIVATE_USE_1 = 1, 20
 # isAvailable, hasPrimaryContext (c10/core/impl/DeviceGuardImplInterface.h,
 # ATen/detail/AcceleratorHooksInterface.h, the same in torch 2.9-2.14).
 _GUARD_TYPE = 0
+_GUARD_STREAM_HANDLE = 10  # getStreamNativeHandle: what TVM-FFI asks to launch on the stream
 _HOOKS_YES = (2, 3, 4)
 _VTABLE_WORDS = 256  # generous: every vtable concerned is shorter
 _WORD = ctypes.sizeof(ctypes.c_void_p)
-# `return 1`, by machine: mov eax, 1; ret | mov w0, #1; ret
-_RETURN_ONE = {
-    "x86_64": bytes.fromhex("b801000000c3"),
-    "aarch64": bytes.fromhex("20008052c0035fd6"),
+# `return 1` and `return 0`, by machine: mov eax, 1; ret | xor eax, eax; ret on x86_64,
+# mov w0, #1; ret | mov x0, #0; ret on aarch64
+_CODE = {
+    "x86_64": (bytes.fromhex("b801000000c3"), bytes.fromhex("31c0c3")),
+    "aarch64": (bytes.fromhex("20008052c0035fd6"), bytes.fromhex("000080d2c0035fd6")),
 }
 _kept: list = []  # the guard's Python object lives as long as the process
 
@@ -68,10 +72,11 @@ def install() -> None:
         guard_class = torch._C._acc.DeviceGuard
     except (OSError, ValueError, AttributeError) as exc:
         raise GuardUnavailable(f"torch {torch.__version__}: {exc}") from exc
-    one = _return_one()
+    one, zero = _native_answers()
     cuda_hooks.restype = ctypes.c_void_p
     _answer(cuda_hooks(), {index: one for index in _HOOKS_YES})
-    _answer(_register_guard(torch, guard_class, registry), {_GUARD_TYPE: one})
+    guard = _register_guard(torch, guard_class, registry)
+    _answer(guard, {_GUARD_TYPE: one, _GUARD_STREAM_HANDLE: zero})  # the default stream: 0
     if torch.device(0).type != "cuda":
         raise GuardUnavailable(f"torch {torch.__version__}: device 0 is {torch.device(0)}")
 
@@ -93,12 +98,12 @@ def _register_guard(torch, guard_class, registry) -> int:
     return address
 
 
-def _return_one() -> int:
-    """The address of a native function that returns 1, in a page of its own."""
+def _native_answers() -> tuple[int, int]:
+    """The addresses of native functions that return 1 and 0, in a page of their own."""
     import platform
 
-    code = _RETURN_ONE.get(platform.machine().lower().replace("arm64", "aarch64"))
-    if code is None:
+    codes = _CODE.get(platform.machine().lower().replace("arm64", "aarch64"))
+    if codes is None:
         raise GuardUnavailable(f"no native answer written for {platform.machine()}")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -108,10 +113,12 @@ def _return_one() -> int:
     page = libc.mmap(None, mmap.PAGESIZE, read | write, private | anonymous, -1, 0)
     if page in (None, ctypes.c_void_p(-1).value):
         raise GuardUnavailable(f"mmap: {os.strerror(ctypes.get_errno())}")
-    ctypes.memmove(page, code, len(code))
+    one, zero = codes
+    ctypes.memmove(page, one, len(one))
+    ctypes.memmove(page + 16, zero, len(zero))
     if libc.mprotect(page, mmap.PAGESIZE, read | execute) != 0:
         raise GuardUnavailable(f"mprotect: {os.strerror(ctypes.get_errno())}")
-    return page
+    return page, page + 16
 
 
 def _answer(instance: int, entries: dict[int, int]) -> None:
