@@ -22,6 +22,7 @@ NotRecreatable with the reason, which records and builds list with the call site
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import inspect
@@ -606,8 +607,11 @@ class _Describer:
                     self.argument(item, True, f"{where}[{i}]") for i, item in enumerate(value)
                 ]
             }
-        if isinstance(value, enum.Enum) and constant:  # by name: its class holds the rest
+        if isinstance(value, enum.Enum):  # by name: its class holds the rest
             return {"enum": _qualified(kind), "name": value.name}
+        container = self._container(value, constant, where)
+        if container is not None:
+            return container
         if constant and hasattr(value, "__dict__") and not inspect.isroutine(value):
             if id(value) in self.describing:
                 raise NotRecreatable(f"{where}: refers to itself, which records cannot hold")
@@ -621,6 +625,50 @@ class _Describer:
         raise NotRecreatable(
             f"{where}: a {kind.__module__}.{kind.__qualname__} cannot be described as data"
         )
+
+    def _container(self, value, constant: bool, where: str) -> dict | None:
+        """A plain container as data, its items described in turn (tensors and all): a
+        NamedTuple or a dataclass by its class and fields, a tuple or list passed as a dynamic
+        argument, a dict by its items in the order of their keys' descriptions, a frozenset by
+        its items in order. None: not a plain container."""
+        kind = type(value)
+        if isinstance(value, tuple) and hasattr(kind, "_fields"):
+            fields = self._fields(value, kind._fields, constant, where)
+            return {"namedtuple": _qualified(kind), "fields": fields}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            names = [field.name for field in dataclasses.fields(value)]
+            return {
+                "dataclass": _qualified(kind),
+                "fields": self._fields(value, names, constant, where),
+            }
+        if kind in (tuple, list):  # dynamic here: constant ones are described above
+            items = [self.argument(v, constant, f"{where}[{i}]") for i, v in enumerate(value)]
+            return {kind.__name__: items}
+        if kind is dict:
+            items = sorted(
+                (
+                    (canonical(described), described, key, item)
+                    for key, item in value.items()
+                    for described in [self.argument(key, True, f"{where} key {key!r}")]
+                ),
+                key=operator.itemgetter(0),
+            )
+            return {
+                "dict": [
+                    [described, self.argument(item, constant, f"{where}[{key!r}]")]
+                    for _, described, key, item in items
+                ]
+            }
+        if kind is frozenset:
+            items = [self.argument(item, True, f"{where} item") for item in value]
+            return {"frozenset": sorted(items, key=canonical)}
+        return None
+
+    def _fields(self, value, names, constant: bool, where: str) -> list:
+        return [
+            [name, self.argument(getattr(value, name), constant, f"{where}.{name}")]
+            for name in names
+        ]
 
     def _symbol(self, sym) -> dict:
         number = self.symbols.setdefault(id(sym), len(self.symbols))
@@ -745,7 +793,28 @@ def _example(described: dict, value):
         return value.value
     if "value" not in described and "py" in described:
         return value
-    return None
+    return _container_example(described, value)
+
+
+def _container_example(described: dict, value):
+    """The examples of a container's items, in the order of its description (None where no
+    item has one: constants alone)."""
+    if "fields" in described:  # a NamedTuple or a dataclass
+        items = [_example(item, getattr(value, name)) for name, item in described["fields"]]
+    elif "tuple" in described or "list" in described:
+        parts = described.get("tuple", described.get("list"))
+        items = [_example(item, v) for item, v in zip(parts, value, strict=True)]
+    elif "dict" in described:
+        pairs = sorted(
+            (canonical(_Describer().argument(key, True, "key")), item)
+            for key, item in value.items()
+        )
+        items = [
+            _example(item, v) for (_, item), (_, v) in zip(described["dict"], pairs, strict=True)
+        ]
+    else:
+        return None
+    return items if any(item is not None for item in items) else None
 
 
 def _is_stream(value) -> bool:

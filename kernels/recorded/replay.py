@@ -97,8 +97,27 @@ def rebuild(described: dict, example, symbols: dict):
         return getattr(cutlass, described["numeric"])(described.get("value", example))
     if "py" in described:
         return described["value"] if "value" in described else example
-    if "tuple" in described:
-        return tuple(rebuild(item, None, symbols) for item in described["tuple"])
+    for sequence in ("tuple", "list"):
+        if sequence in described:
+            items = _rebuilt_items(described[sequence], example, symbols)
+            return tuple(items) if sequence == "tuple" else items
+    if "namedtuple" in described:
+        names = [name for name, _ in described["fields"]]
+        items = _rebuilt_items([item for _, item in described["fields"]], example, symbols)
+        return import_target(described["namedtuple"])(**dict(zip(names, items, strict=True)))
+    if "dataclass" in described:  # its fields as they were, __init__ and __post_init__ unrun
+        owner = import_target(described["dataclass"])
+        rebuilt = owner.__new__(owner)
+        items = _rebuilt_items([item for _, item in described["fields"]], example, symbols)
+        for (name, _), item in zip(described["fields"], items, strict=True):
+            object.__setattr__(rebuilt, name, item)
+        return rebuilt
+    if "dict" in described:
+        values = _rebuilt_items([item for _, item in described["dict"]], example, symbols)
+        keys = [rebuild(key, None, symbols) for key, _ in described["dict"]]
+        return dict(zip(keys, values, strict=True))
+    if "frozenset" in described:
+        return frozenset(rebuild(item, None, symbols) for item in described["frozenset"])
     if "pointer" in described:
         pointer = described["pointer"]
         return cute_runtime.make_ptr(
@@ -118,6 +137,12 @@ def rebuild(described: dict, example, symbols: dict):
             object.__setattr__(rebuilt, attr, rebuild(item, None, symbols))
         return rebuilt
     raise ValueError(f"unknown argument description {sorted(described)}")
+
+
+def _rebuilt_items(items: list, examples, symbols: dict) -> list:
+    """A container's items, each with its example (examples is None: constants alone)."""
+    examples = examples if examples is not None else [None] * len(items)
+    return [rebuild(item, example, symbols) for item, example in zip(items, examples, strict=True)]
 
 
 def _symbol(sym: dict, symbols: dict):
