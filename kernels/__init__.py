@@ -182,6 +182,9 @@ def source_is_current(name: str, facts: dict) -> bool:
     files: no import graph to parse at load. A module added to the graph changes a file that
     imports it, and one removed or moved reads as absent: either way the hash differs. Bundles
     without the list are compared with the full `source_hash`."""
+    found = family(name)
+    if found.builder_version is not None:
+        return facts.get("source_hash") in {source_hash(name), *found.earlier_source_hashes}
     modules = facts.get("source_modules")
     if isinstance(modules, list) and modules and all(isinstance(m, str) for m in modules):
         root = family(name).builder.split(".")[0]
@@ -201,13 +204,20 @@ def source_hash(name: str) -> str:
     module the builder imports from its own package, transitively, plus the key module (symbol
     names are in every binary). The family's pure-Python module (dispatch rule, tuned tables) is
     left out: a table tweak changes which key a problem asks for, never a key's binary, so it must
-    not make deployed bundles stale. Files are read, never imported: no cutlass on servers."""
+    not make deployed bundles stale. Files are read, never imported: no cutlass on servers.
+    A family with a `builder_version` is identified by that version instead of files."""
+    version = family(name).builder_version
+    if version is not None:
+        return source_digest([("builder_version", f"{name} {version}".encode())])
     return hash_modules(binary_modules(name))
 
 
 def binary_modules(name: str) -> list[str]:
-    """The modules whose source is in `source_hash(name)`, sorted."""
+    """The modules whose source is in `source_hash(name)`, sorted (none for a family identified
+    by its builder_version)."""
     found = family(name)
+    if found.builder_version is not None:
+        return []
     own_module = type(found).__module__
     root = found.builder.split(".")[0]
     seen, todo = {KEY_MODULE}, [found.builder]

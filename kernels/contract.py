@@ -141,6 +141,13 @@ class KernelFamily:
         raise NotImplementedError
 
     # -- defaulted -------------------------------------------------------------------------------
+    # Where a key already holds the source of what it compiles (a recorded call holds its
+    # kernel's own source hash), the builder is identified by an explicit version instead of
+    # its files: bumped when what a key means or what the builder makes of it changes, so that
+    # an edit of the builder's modules that changes neither leaves shipped bundles current.
+    # `earlier_source_hashes`: the file hashes of releases, before the version, that built alike.
+    builder_version: ClassVar[str | None] = None
+    earlier_source_hashes: ClassVar[frozenset[str]] = frozenset()
     default_shapes: ClassVar[tuple[Shape, ...]] = ()  # what a build enumerates without --shape
     # A shape's dims in order (`aot-build --shape FAMILY:N,K`), for help texts and `parse_ints`;
     # GEMMs write the weight's shape, w [N, K], so every family and command reads one order.

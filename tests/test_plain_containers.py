@@ -101,3 +101,22 @@ def test_any_other_object_is_refused_by_its_path_in_the_call():
         import threading
 
         _call(operands, items, options, {**table, "lock": threading.Lock()})
+
+
+def test_the_recorded_familys_identity_is_its_builder_version_not_its_files():
+    """Editing cute-aot's own modules (settings, cache layout, the describer) moves no recorded
+    bundle to stale: the family's source hash is derived from its declared builder version, and
+    every check a server makes compares that (or an earlier release's hash declared equal)."""
+    from cute_aot.artifacts.digest import source_digest
+    from cute_aot.kernels import binary_modules, family, source_hash, source_is_current
+
+    recorded = family("cute_compile")
+    assert binary_modules("cute_compile") == []
+    version = f"cute_compile {recorded.builder_version}".encode()
+    assert source_hash("cute_compile") == source_digest([("builder_version", version)])
+    earlier = next(iter(recorded.earlier_source_hashes))
+    modules = ["cute_aot.artifacts.settings", "cute_aot.kernels.recorded.calls"]
+    assert source_is_current("cute_compile", {"source_hash": earlier, "source_modules": modules})
+    assert source_is_current("cute_compile", {"source_hash": source_hash("cute_compile")})
+    assert not source_is_current("cute_compile", {"source_hash": "0" * 64})
+    assert binary_modules("router_gemm")  # a family without a version is still its files

@@ -67,7 +67,8 @@ MISSED = [  # (key id, problem (M, N, K)), in log order
 RECORD_KEY_ID = "f302bcaef1c3afa7b175"  # tests.user_kernels.scale:scale, n=1000, block=128
 RECORDED_SOURCE_HASH = "9c2b6e1210a70c8db211561e74eeb8f6dc0e67801f374480d2aa8d9bd4d5b53f"
 # A family's source hash covers its builder's modules and what they import from the package
-# (kernels.binary_modules): for cute_compile, artifacts/settings.py and cache_layout.py too.
+# (kernels.binary_modules); cute_compile's is its explicit builder_version instead, and the
+# import-walk hash that commit recorded is among its earlier_source_hashes.
 _MOVED = (
     "{family}'s source hash moved: every {family} bundle users built is stale now. If that is "
     "on purpose, re-baseline tests/data/previous_commit (README.txt there says how and why)"
@@ -242,12 +243,17 @@ def test_this_code_describes_the_recorded_call_with_the_same_key_id():
 
 
 def test_the_bundle_built_from_the_record_is_current_and_trusted(old_cache, signatures_required):
-    """A recorded-call bundle that commit built is served by this code: the recorded family's
-    source hash is the same, so users' shipped recorded bundles stay current."""
+    """A recorded-call bundle that commit built is served by this code: the source hash it
+    recorded is one the recorded family's builder version declares equal to its own, so users'
+    shipped recorded bundles stay current."""
     _require_toolchain()
     manifest = read_manifest(RECORDED_BUNDLE)
     assert manifest.families["cute_compile"]["source_hash"] == RECORDED_SOURCE_HASH
-    assert source_hash("cute_compile") == RECORDED_SOURCE_HASH, _MOVED.format(family="cute_compile")
+    recorded = family("cute_compile")
+    assert RECORDED_SOURCE_HASH in recorded.earlier_source_hashes, _MOVED.format(
+        family="cute_compile"
+    )
+    assert recorded.builder_version == "description format 1", _MOVED.format(family="cute_compile")
     assert stale_reasons(manifest) == {}
     set_mode("aot")
     registry = Registry()

@@ -172,6 +172,17 @@ class RecordedCalls(KernelFamily, Adapter):
     archs = tuple(SUPPORTED_ARCHS)
     abi = ()  # each key's exported function has the signature of its own recorded call
     builder = "cute_aot.kernels.recorded.replay"
+    # A recorded call's key holds its kernel's source hash, options, target and the DSL's
+    # version: what identifies the builder is the description format (calls.py) and what the
+    # replay (replay.py) makes of a description. Bump this when either changes for a call that
+    # was describable before; new kinds of argument need no bump (no earlier key holds them).
+    builder_version = "description format 1"
+    # The import-walk hash of releases up to the one that introduced the version (it also
+    # covered settings and cache-layout modules, so it moved with unrelated edits); they
+    # described and replayed every call as format 1 does.
+    earlier_source_hashes = frozenset(
+        {"9c2b6e1210a70c8db211561e74eeb8f6dc0e67801f374480d2aa8d9bd4d5b53f"}
+    )
     serves = "cutlass.cute.compile"
 
     def patches(self, serving) -> list[Patch]:
