@@ -1,6 +1,7 @@
 """`aot-cache`: see, explain and verify what is shipped, without reading code.
 
-    aot-cache ls | show | verify | explain | diff | misses | gc | env | sass | push | pull
+    aot-cache ls | show | verify | explain | diff | records | misses | gc | env | sass | push |
+    pull
 
 Every command prints rich tables, or JSON with --json. Nothing here imports cutlass or loads a
 bundle's library: manifests are read as data, libraries as bytes (verify, sass), GPU code with
@@ -23,6 +24,7 @@ from cute_aot.aot.tools.aot_cache import (
     misses,
     pull,
     push,
+    records,
     sass,
     show,
     verify,
@@ -61,6 +63,7 @@ for _command in (
     verify.verify_command,
     explain.explain_command,
     diff.diff_command,
+    records.records_command,
     misses.misses_command,
     gc.gc_command,
     env.env_command,
