@@ -32,6 +32,7 @@ STARTUP_FILE = "cute-aot-startup.pth"
 _lock = threading.RLock()
 _installed = False  # the cute.compile hook and what the variables ask of it, in this process
 _activated = False  # activate() has run here (the hook waits for cutlass, or is installed)
+_refused = False  # the environment held a value activation cannot take: off, said once
 
 
 def state() -> tuple[bool, str]:
@@ -60,7 +61,20 @@ def startup_file() -> str | None:
 
 def activate() -> None:
     """Install the cute.compile hook now or when cutlass is imported, if the environment asks;
-    first become a virtual GPU where CUTE_AOT_VIRTUAL names one (before torch is imported)."""
+    first become a virtual GPU where CUTE_AOT_VIRTUAL names one (before torch is imported).
+    Never stops the interpreter (the startup hook runs in every Python process, pip's too): a
+    value it cannot take is one line on stderr, and the process runs on without cute-aot."""
+    global _refused
+    if _refused:
+        return
+    try:
+        _activate()
+    except Exception as exc:
+        _refused = True
+        print(f"cute-aot: {exc}; cute-aot is off in this process", file=sys.stderr)
+
+
+def _activate() -> None:
     global _activated
     active, _ = state()
     if not active:
@@ -82,8 +96,8 @@ def _start_virtual(spec: str) -> None:
 
     try:
         virtual.start(spec)
-    except Exception as exc:  # a profile that does not exist: the workload must not run as real
-        raise SystemExit(f"cute-aot: {settings.VIRTUAL.name}={spec}: {exc}") from exc
+    except Exception as exc:  # a profile that does not exist: said once, then off (activate)
+        raise ValueError(f"{settings.VIRTUAL.name}={spec}: {exc}") from exc
 
 
 def after_import(name: str, callback) -> None:

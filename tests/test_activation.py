@@ -342,3 +342,34 @@ def test_a_wheel_installed_into_a_fresh_venv_activates_and_uninstalls_without_a_
     assert not any((purelib / "cute_aot").rglob("*.py"))  # pip may leave empty folders only
     done = _run(program, {**env, "CUTE_AOT_RECORD": str(tmp_path / "after.jsonl")}, tmp_path)
     assert not (tmp_path / "after.jsonl").exists() and "cute-aot" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"CUTE_AOT_VIRTUAL": "h100"},
+        {"CUTE_AOT_INTERCEPT": "maybe"},
+        {"CUTE_AOT_RECORD": "records/", "CUTE_AOT_DISABLE": "perhaps"},
+        {"CUTE_AOT_REPORT": "report.json", "CUTE_AOT_VIRTUAL": "sm_75"},
+    ],
+    ids=lambda bad: ",".join(f"{k}={v}" for k, v in bad.items()),
+)
+def test_a_bad_startup_value_is_one_line_and_never_stops_python(tmp_path, bad):
+    """The startup hook runs in every Python process of the environment, pip's included: a value
+    it cannot take is one line that names the variable and says what was done, and pip runs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--version"],
+        env={**env, **bad},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("pip ")
+    (line,) = done.stderr.splitlines()
+    variable = next(name for name in bad if name in line)
+    assert line.startswith(f"cute-aot: {variable}") and line.endswith(
+        "cute-aot is off in this process"
+    )
