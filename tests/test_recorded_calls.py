@@ -511,3 +511,20 @@ def test_hardware_answers_are_pinned_for_the_architecture_that_gave_them(tmp_pat
     said = built.stdout + built.stderr
     assert built.returncode == 1
     assert "HardwareInfo.get_device_multiprocessor_count()" in said, said
+
+
+def test_the_compute_capability_the_dsl_asks_to_pick_its_target_is_not_a_kernel_question():
+    """A real GPU's first compile in a process asks the compute capability (attributes 75, 76)
+    when no target is set; the record's architecture states it, so it is not logged, and the
+    first call of a process gets the id the same call gets second, or on a virtual GPU. Other
+    attributes (81: shared memory per SM) are logged as the trace asked them."""
+    from cutlass.base_dsl.runtime import cuda as cuda_helpers
+
+    from cute_aot.kernels.recorded.hardware import logged, pinned
+
+    answers = {f"get_device_attribute({n})": value for n, value in ((75, 9), (76, 0), (81, 1))}
+    into: dict = {}
+    with pinned(answers), logged(into):  # a GPU that answers these, the recorder around it
+        asked = [cuda_helpers.get_device_attribute(n) for n in (75, 76, 81)]
+    assert asked == [9, 0, 1]
+    assert into == {"get_device_attribute(81)": 1}

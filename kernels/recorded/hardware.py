@@ -77,12 +77,20 @@ def logged(into: dict):
     def attribute(original):
         def logged_attribute(attr, *args, **kwargs):
             value = original(attr, *args, **kwargs)
-            into[query_name("get_device_attribute", (_attribute_number(attr),))] = int(value)
+            if _attribute_number(attr) not in ARCH_ATTRIBUTES:
+                into[query_name("get_device_attribute", (_attribute_number(attr),))] = int(value)
             return value
 
         return logged_attribute
 
     return _answering(method, attribute)
+
+
+# CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR and _MINOR: the record's architecture states them.
+# The DSL asks them once per process, to pick its target when none is set, so on a real GPU only
+# a process's first compile would carry them (and differ from the same call recorded second, or
+# on a virtual GPU, which always sets the target): they are not the kernel's questions.
+ARCH_ATTRIBUTES = frozenset({75, 76})
 
 
 class MissingHardwareValue(RuntimeError):
