@@ -120,3 +120,17 @@ def test_the_recorded_familys_identity_is_its_builder_version_not_its_files():
     assert source_is_current("cute_compile", {"source_hash": source_hash("cute_compile")})
     assert not source_is_current("cute_compile", {"source_hash": "0" * 64})
     assert binary_modules("router_gemm")  # a family without a version is still its files
+
+
+def test_a_class_made_at_run_time_is_refused_when_recorded_not_when_built():
+    """A kernel object of a class made with type(...) under a module's name (quack's generated
+    epilogue classes) cannot be imported by a replay: the record says so, with its name."""
+    import cutlass.cute as cute
+
+    from cute_aot.kernels.recorded.calls import NotRecreatable, describe_call
+    from tests.user_kernels.compile_calls import arguments
+    from tests.user_kernels.keyed import KeyedScale
+
+    made = type("KeyedScaleMade", (KeyedScale,), {"__module__": KeyedScale.__module__})
+    with pytest.raises(NotRecreatable, match="KeyedScaleMade is made at run time"):
+        describe_call(cute.compile, made(128), (arguments(1000)[0], 1000), {})

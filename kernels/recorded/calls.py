@@ -27,6 +27,7 @@ import enum
 import functools
 import inspect
 import operator
+import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,6 +269,14 @@ def _qualified(obj) -> str:
         )
     if module == "__main__":
         raise NotRecreatable(f"{qualname} is defined in __main__: a replay cannot import it")
+    found = sys.modules.get(module)
+    for part in qualname.split(".") if found is not None else ():
+        found = getattr(found, part, None)
+    if found is None and module in sys.modules:  # made at run time (type(...)), not a name
+        raise NotRecreatable(
+            f"{module}:{qualname} is made at run time, not defined under that name: a replay "
+            "cannot import it"
+        )
     return f"{module}:{qualname}"
 
 
