@@ -187,7 +187,7 @@ def source_is_current(name: str, facts: dict) -> bool:
         return facts.get("source_hash") in {source_hash(name), *found.earlier_source_hashes}
     modules = facts.get("source_modules")
     if isinstance(modules, list) and modules and all(isinstance(m, str) for m in modules):
-        root = family(name).builder.split(".")[0]
+        root = found.builder.split(".")[0]
         if all(m.split(".")[0] == root or m == KEY_MODULE for m in modules):
             return _recorded_hash(tuple(modules)) == facts.get("source_hash")
     return source_hash(name) == facts.get("source_hash")

@@ -66,6 +66,18 @@ def write_report(path: Path) -> None:
         )
 
 
+def _counted_over(processes: dict, name: str, fields: tuple) -> list[dict]:
+    """The virtual summaries' rows `name` of every process, each subject's times summed."""
+    from cute_aot.runtime import virtual
+
+    counted: dict[tuple, int] = {}
+    for process in processes.values():
+        for row in process.get("virtual", {}).get(name, []):
+            subject = tuple(row[field] for field in fields)
+            counted[subject] = counted.get(subject, 0) + row["times"]
+    return virtual.counted_rows(counted, fields)
+
+
 def _merged(processes: dict) -> dict:
     targets: dict[str, dict[str, int]] = {}
     families: dict[str, dict[str, int]] = {}
@@ -78,11 +90,11 @@ def _merged(processes: dict) -> dict:
                 total = into.setdefault(name, {})
                 for outcome, number in counts.items():
                     total[outcome] = total.get(outcome, 0) + number
-    unanswerable: dict[tuple, int] = {}  # virtual GPUs: each question counted over processes
-    for process in processes.values():
-        for asked in process.get("virtual", {}).get("unanswerable", []):
-            subject = (asked["site"], asked["question"], asked["reason"])
-            unanswerable[subject] = unanswerable.get(subject, 0) + asked["times"]
+    # virtual GPUs: each question not answered, and each check not made, counted over processes
+    from cute_aot.runtime.virtual import CHECK_FIELDS, QUESTION_FIELDS
+
+    unanswerable = _counted_over(processes, "unanswerable", QUESTION_FIELDS)
+    not_checked = _counted_over(processes, "checks_not_made", CHECK_FIELDS)
     failed: dict[str, list] = {}  # virtual GPUs: a test suite's failures, by whose they are
     for process in processes.values():
         for whose, tests in process.get("virtual", {}).get("failed_tests", {}).items():
@@ -95,42 +107,19 @@ def _merged(processes: dict) -> dict:
         ),
         key=lambda row: row["test"],
     )
-    not_checked: dict[tuple, int] = {}
-    for process in processes.values():
-        for check in process.get("virtual", {}).get("checks_not_made", []):
-            subject = (check["site"], check["check"])
-            not_checked[subject] = not_checked.get(subject, 0) + check["times"]
     return {
         "format": REPORT_FORMAT,
         **{total: sum(p.get(total, 0) for p in processes.values()) for total in TOTALS},
         "targets": targets,
         "families": families,
-        **(
-            {
-                "unanswerable": [
-                    {"site": site, "question": question, "reason": reason, "times": n}
-                    for (site, question, reason), n in sorted(unanswerable.items())
-                ]
-            }
-            if unanswerable
-            else {}
-        ),
+        **({"unanswerable": unanswerable} if unanswerable else {}),
         **(
             {"failed_tests": {w: sorted(t, key=lambda r: r["test"]) for w, t in failed.items()}}
             if any(failed.values())
             else {}
         ),
         **({"tests": tests} if tests else {}),
-        **(
-            {
-                "checks_not_made": [
-                    {"site": site, "check": check, "times": n}
-                    for (site, check), n in sorted(not_checked.items())
-                ]
-            }
-            if not_checked
-            else {}
-        ),
+        **({"checks_not_made": not_checked} if not_checked else {}),
         "processes": processes,
     }
 

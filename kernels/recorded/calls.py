@@ -269,15 +269,20 @@ def _qualified(obj) -> str:
         )
     if module == "__main__":
         raise NotRecreatable(f"{qualname} is defined in __main__: a replay cannot import it")
-    found = sys.modules.get(module)
-    for part in qualname.split(".") if found is not None else ():
-        found = getattr(found, part, None)
-    if found is None and module in sys.modules:  # made at run time (type(...)), not a name
+    owner = sys.modules.get(module)
+    if owner is not None and _named(owner, qualname) is None:  # made at run time (type(...))
         raise NotRecreatable(
             f"{module}:{qualname} is made at run time, not defined under that name: a replay "
             "cannot import it"
         )
     return f"{module}:{qualname}"
+
+
+def _named(owner, qualname: str):
+    """What `qualname` names in module `owner` (None where a part is missing)."""
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    return owner
 
 
 @functools.cache
@@ -654,24 +659,25 @@ class _Describer:
             items = [self.argument(v, constant, f"{where}[{i}]") for i, v in enumerate(value)]
             return {kind.__name__: items}
         if kind is dict:
-            items = sorted(
-                (
-                    (canonical(described), described, key, item)
-                    for key, item in value.items()
-                    for described in [self.argument(key, True, f"{where} key {key!r}")]
-                ),
-                key=operator.itemgetter(0),
-            )
             return {
                 "dict": [
                     [described, self.argument(item, constant, f"{where}[{key!r}]")]
-                    for _, described, key, item in items
+                    for described, key, item in self.ordered_items(value, where)
                 ]
             }
         if kind is frozenset:
             items = [self.argument(item, True, f"{where} item") for item in value]
             return {"frozenset": sorted(items, key=canonical)}
         return None
+
+    def ordered_items(self, mapping: dict, where: str) -> list[tuple]:
+        """(key's description, key, value) of each item, in the order of the keys' canonical
+        JSON: a dict's order of insertion is not part of what it holds."""
+        items = [
+            (self.argument(key, True, f"{where} key {key!r}"), key, item)
+            for key, item in mapping.items()
+        ]
+        return sorted(items, key=lambda entry: canonical(entry[0]))
 
     def _fields(self, value, names, constant: bool, where: str) -> list:
         return [
@@ -814,12 +820,10 @@ def _container_example(described: dict, value):
         parts = described.get("tuple", described.get("list"))
         items = [_example(item, v) for item, v in zip(parts, value, strict=True)]
     elif "dict" in described:
-        pairs = sorted(
-            (canonical(_Describer().argument(key, True, "key")), item)
-            for key, item in value.items()
-        )
+        ordered = _Describer().ordered_items(value, "key")
         items = [
-            _example(item, v) for (_, item), (_, v) in zip(described["dict"], pairs, strict=True)
+            _example(item, v)
+            for (_, item), (_, _, v) in zip(described["dict"], ordered, strict=True)
         ]
     else:
         return None

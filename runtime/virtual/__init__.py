@@ -74,23 +74,25 @@ def plumbing(module: str) -> bool:
     return module.split(".")[0] in _PLUMBING or module.startswith("cute_aot.runtime")
 
 
-def asked_at() -> str:
-    """file:line of the first frame outside torch, the driver bindings, cutlass and cute-aot."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if not plumbing(frame.f_globals.get("__name__", "")):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+def _workload_frame():
+    """The first frame outside torch, the driver bindings, cutlass and cute-aot (None: none)."""
+    frame = sys._getframe(2)
+    while frame is not None and plumbing(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
-    return "?"
+    return frame
+
+
+def asked_at() -> str:
+    """file:line of the workload's frame that asked."""
+    frame = _workload_frame()
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
 
 
 def in_assert() -> bool:
     """Whether the truth value being asked decides an assertion in the workload's own frame: a
     jump taken when it is true over code that raises AssertionError (an `assert` statement, as
     Python compiles it or as pytest rewrites it)."""
-    frame = sys._getframe(1)
-    while frame is not None and plumbing(frame.f_globals.get("__name__", "")):
-        frame = frame.f_back
+    frame = _workload_frame()
     return frame is not None and _skips_a_raise(frame.f_code, frame.f_lasti)
 
 
@@ -118,6 +120,19 @@ def unanswerable(question: str, reason: str, kind=Unanswerable) -> Unanswerable:
         f"virtual GPU {_profile.name if _profile else '?'}: {question} cannot be "
         f"answered ({reason}), asked at {site}"
     )
+
+
+# What a counted subject is made of, in the summary's rows (each with its "times").
+QUESTION_FIELDS = ("site", "question", "reason")
+CHECK_FIELDS = ("site", "check")
+
+
+def counted_rows(counted: dict, fields: tuple) -> list[dict]:
+    """{(value of each field): times} as rows {field: value, ..., "times": n}, in order."""
+    return [
+        {**dict(zip(fields, subject, strict=True)), "times": n}
+        for subject, n in sorted(counted.items())
+    ]
 
 
 def check_not_made(check: str) -> None:
@@ -243,14 +258,8 @@ def summary() -> dict:
             "compile_calls": _calls,
             "kernels": sum(len(calls) for calls in _compiles.values()),
             "targets": {target: len(calls) for target, calls in sorted(_compiles.items())},
-            "checks_not_made": [
-                {"site": site, "check": check, "times": n}
-                for (site, check), n in sorted(_not_checked.items())
-            ],
-            "unanswerable": [
-                {"site": site, "question": question, "reason": reason, "times": n}
-                for (site, question, reason), n in sorted(_unanswered.items())
-            ],
+            "checks_not_made": counted_rows(_not_checked, CHECK_FIELDS),
+            "unanswerable": counted_rows(_unanswered, QUESTION_FIELDS),
             "tests": sorted(_tests, key=lambda row: row["test"]),
             "failed_tests": {
                 whose: sorted(failed, key=lambda row: row["test"])

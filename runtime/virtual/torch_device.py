@@ -466,22 +466,22 @@ def _routing_mode():
     def run(func, args, kwargs):
         if func is item:
             found = known_values.values(args[0])
-            if found is None and args[0].dtype == torch.bool and in_assert():
+            if found is not None:
+                return found.item()
+            if args[0].dtype == torch.bool and in_assert():
                 check_not_made("assert on values of CUDA tensors")  # a check, not a value
                 return True
-            if found is None and not known_values.keepable(args[0]):
+            if not known_values.keepable(args[0]):
                 raise unanswerable(
                     "a floating-point value of a CUDA tensor (.item(), .tolist(), control flow)",
                     "a virtual GPU computes no floating-point values: a CPU's rounding is not a "
                     "GPU's",
                 )
-            if found is None:
-                raise unanswerable(
-                    "a value of a CUDA tensor (.item(), .tolist(), control flow on it)",
-                    "it was made on the device (by a launch, a random draw, uninitialized "
-                    "memory) or derived from such a value: nothing computed it",
-                )
-            return found.item()
+            raise unanswerable(
+                "a value of a CUDA tensor (.item(), .tolist(), control flow on it)",
+                "it was made on the device (by a launch, a random draw, uninitialized "
+                "memory) or derived from such a value: nothing computed it",
+            )
         targets = written(func, args, kwargs)
         dynamic = None
         try:
