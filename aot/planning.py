@@ -16,7 +16,7 @@ from typing import Protocol
 
 from cute_aot.aot import models as model_shapes
 from cute_aot.aot.build import BuildPlan, buildable_families, keys_by_arch
-from cute_aot.artifacts.errors import CuteAotError, TableError
+from cute_aot.artifacts.errors import CuteAotError, TableError, UnsupportedProblemError
 from cute_aot.kernels import families, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.contract import Shape
@@ -135,7 +135,10 @@ def plan_from_misses(path, archs, named_families, notes: Notes | None = None) ->
         name = record["family"]
         if named_families and name not in named_families:
             continue
-        arch = normalize_arch(record["arch"])
+        arch = _known_arch(record["arch"])
+        if arch is None:
+            skipped[(name, f"an architecture cute-aot does not build ({record['arch']!r})")] += 1
+            continue
         if wanted_archs and arch not in wanted_archs:
             continue
         if name not in installed:
@@ -179,9 +182,13 @@ def plan_from_record(source, archs, notes: Notes) -> tuple[dict[str, list], list
         if not record.get("recreatable") or record.get("servable") is False:
             left_out.append((site, target, record.get("arch") or "-", record.get("reason")))
             continue
-        key = RecordedCallKey.from_fields(record["key"])
+        key = RecordedCallKey.from_fields(record["key"])  # RECORD_SCHEMA checked it
+        recorded_arch = _known_arch(record["arch"]) if record.get("arch") else None
+        if record.get("arch") and recorded_arch is None:
+            why = "an architecture cute-aot does not build"
+            left_out.append((site, target, record["arch"], why))
+            continue
         distinct.add(key.id)
-        recorded_arch = normalize_arch(record["arch"]) if record.get("arch") else None
         for arch in wanted or [recorded_arch]:
             if arch is None:
                 left_out.append(
@@ -206,6 +213,14 @@ def plan_from_record(source, archs, notes: Notes) -> tuple[dict[str, list], list
         raise CuteAotError(f"{source}: no recorded call to build")
     notes.note(f"records: {len(distinct)} distinct kernel(s)")
     return {arch: list(keys.values()) for arch, keys in plan.items()}, left_out
+
+
+def _known_arch(name: str) -> str | None:
+    """A recorded architecture's canonical name; None for one this release does not build."""
+    try:
+        return normalize_arch(name)
+    except UnsupportedProblemError:
+        return None
 
 
 def _read_build_tables(notes: Notes, path: str, plan: BuildPlan) -> dict:

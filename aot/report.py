@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cute_aot.aot.build import BuildOutcome, WrittenBundle, describe_failures
 from cute_aot.aot.build_cache import BuildCache
@@ -95,8 +96,8 @@ def not_built_table(calls: list[NotBuilt]) -> Table:
     for column in ("call site", "target", "arch", "why"):
         # fold, never an ellipsis: on a terminal a long site wraps inside its cell, whole
         table.add_column(column, overflow="fold")
-    for row in calls:
-        table.add_row(*map(str, row))
+    for row in calls:  # Text: a recorded site or reason is data, never rich markup
+        table.add_row(*(Text(str(cell)) for cell in row))
     return table
 
 

@@ -127,6 +127,15 @@ class TableError(CuteAotError, ValueError):
         super().__init__(f"{self.where}: {message}")
 
 
+class LineFormatError(CuteAotError, ValueError):
+    """A JSON-lines source (a record file, a miss log) none of whose lines has its format's
+    shape; each line was named with its field when it was skipped."""
+
+    def __init__(self, where, message: str):
+        self.where = str(where)
+        super().__init__(f"{self.where}: {message}")
+
+
 class ShardError(BuildError):
     """Shard outputs that cannot be merged; names the shard folder involved."""
 

@@ -14,6 +14,9 @@ The policy, for every such file:
   first, so the torn line stays alone and the new one is whole.
 - A log past MAX_LOG_BYTES is rotated to `<file>.1` (one generation kept); the reader reads
   `<file>.1` before `<file>`.
+- A line of a format with a schema (LineSchema: records, miss logs) that is an object of the
+  wrong shape (a field missing, or of another JSON type) is skipped with one warning naming its
+  file, its line number and the field; `read_lines` checks it, for every reader of that format.
 The bytes of each line are the caller's: this module never re-encodes a record.
 """
 
@@ -24,17 +27,23 @@ import json
 import os
 import stat
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cute_aot.artifacts import urls
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.errors import CuteAotError, LineFormatError
 
 __all__ = [
     "MAX_LINE_BYTES",
     "MAX_LOG_BYTES",
+    "Field",
+    "LineSchema",
     "append_line",
+    "exactly",
     "objects_after",
+    "read_lines",
     "read_objects",
     "rotated_path",
 ]
@@ -86,30 +95,33 @@ def _skipped(where: str, count: int) -> None:
     )
 
 
-def _objects(lines: Iterable[bytes], where: str) -> Iterator[tuple[str, dict]]:
+def _objects(lines: Iterable[bytes], where: str) -> Iterator[tuple[str, int, dict]]:
+    """(file, line number, object) of each line that is a JSON object."""
     skipped = 0
+    number = 0
     whole = True  # the previous piece ended its line
     for line in lines:
         continued, whole = not whole, line.endswith(b"\n")
+        number += not continued
         if continued or not line.strip():
             continue  # the rest of a line too long (counted once), or a blank line
         found = _object(line)
         if found is None:
             skipped += 1
         else:
-            yield where, found
+            yield where, number, found
     if skipped:
         _skipped(where, skipped)
 
 
-def _file_objects(path: Path) -> Iterator[tuple[str, dict]]:
+def _file_objects(path: Path) -> Iterator[tuple[str, int, dict]]:
     for part in (rotated_path(path), path):
         if part is path or part.exists():
             with _open_regular(part) as handle:
                 yield from _objects(_chunks(handle), str(part))
 
 
-def _remote_objects(url: str) -> Iterator[tuple[str, dict]]:
+def _remote_objects(url: str) -> Iterator[tuple[str, int, dict]]:
     fs, root = urls.filesystem(url)
     if urls.store_call(url, fs, "isfile", root):
         names = [root]
@@ -122,11 +134,7 @@ def _remote_objects(url: str) -> Iterator[tuple[str, dict]]:
         yield from _objects(lines, f"{protocol}://{name}")
 
 
-def read_objects(source: str | os.PathLike, what: str = "miss log") -> list[tuple[str, dict]]:
-    """(file, object) of every JSON object line of a file (its rotated generation first), of
-    every `*.jsonl` under a folder or a URL prefix (in name order), in file order. Lines that
-    are no object are skipped with a warning naming their file; a store that cannot be read
-    raises CuteAotError naming `source` and `what` it was to hold."""
+def _numbered_objects(source: str | os.PathLike, what: str) -> list[tuple[str, int, dict]]:
     local = urls.local_path(source)
     if local is not None and not local.is_dir():
         return list(_file_objects(local))
@@ -137,6 +145,113 @@ def read_objects(source: str | os.PathLike, what: str = "miss log") -> list[tupl
         return list(_remote_objects(source))
     except Exception as exc:  # a store's errors (botocore's, aiohttp's) are not all OSErrors
         raise CuteAotError(f"{source}: cannot read the {what} ({exc})") from exc
+
+
+def read_objects(source: str | os.PathLike, what: str = "miss log") -> list[tuple[str, dict]]:
+    """(file, object) of every JSON object line of a file (its rotated generation first), of
+    every `*.jsonl` under a folder or a URL prefix (in name order), in file order. Lines that
+    are no object are skipped with a warning naming their file; a store that cannot be read
+    raises CuteAotError naming `source` and `what` it was to hold."""
+    return [(where, found) for where, _, found in _numbered_objects(source, what)]
+
+
+# -- schemas ---------------------------------------------------------------------------------------
+_JSON_KINDS = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "an object",
+    list: "a list",
+    type(None): "null",
+}
+
+
+def _kind(value: Any) -> str:
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a JSON line: the JSON types it takes (Python's: str, int, bool...; an int
+    where float is taken), whether a line must hold it (always, or when `required` says so of
+    the line), and a deeper `check` of its value, which raises TypeError or ValueError saying
+    what is wrong."""
+
+    types: tuple[type, ...]
+    required: bool | Callable[[dict], bool] = True
+    check: Callable[[Any], object] | None = None
+
+    def problem(self, line: dict, name: str) -> str | None:
+        """What is wrong with this field of `line`, or None."""
+        if name not in line:
+            needed = self.required(line) if callable(self.required) else self.required
+            return "is missing" if needed else None
+        value = line[name]
+        taken = type(value) in self.types or (type(value) is int and float in self.types)
+        if not taken:
+            wanted = " or ".join(_JSON_KINDS[kind] for kind in self.types)
+            return f"is {_kind(value)}, not {wanted}"
+        if self.check is not None:
+            try:
+                self.check(value)
+            except (TypeError, ValueError) as exc:
+                return f"cannot be read: {exc}"
+        return None
+
+
+def exactly(expected: Any) -> Callable[[Any], None]:
+    """A Field check: the one value this release reads (a format version, a family name)."""
+
+    def check(value: Any) -> None:
+        if value != expected:
+            raise ValueError(f"{value!r} is not {expected!r}, the one this release reads")
+
+    return check
+
+
+@dataclass(frozen=True)
+class LineSchema:
+    """What a line of one JSON-lines format holds, field by field; fields it does not name are
+    not read, and any value passes there. Declared once per format, beside its reader."""
+
+    what: str  # the format's name in messages: "record", "miss log"
+    fields: Mapping[str, Field]
+
+    def problem(self, line: dict) -> tuple[str, str] | None:
+        """(field, what is wrong with it) of the first wrong field of `line`, or None."""
+        for name, field in self.fields.items():
+            why = field.problem(line, name)
+            if why is not None:
+                return name, why
+        return None
+
+
+def read_lines(source: str | os.PathLike, schema: LineSchema) -> list[tuple[str, dict]]:
+    """read_objects of `schema`'s format: (file, line) of every line of the right shape; a
+    line of another is skipped with one warning naming its file, line number and field. A
+    source whose every object line is refused raises LineFormatError: nothing of it is usable."""
+    kept, refused = [], 0
+    for where, number, found in _numbered_objects(source, schema.what):
+        problem = schema.problem(found)
+        if problem is None:
+            kept.append((where, found))
+        else:
+            refused += 1
+            _refused(f"{where}:{number}", schema.what, *problem)
+    if refused and not kept:
+        raise LineFormatError(
+            source, f"none of its {refused} line(s) is a {schema.what} line (each said above)"
+        )
+    return kept
+
+
+def _refused(where: str, what: str, field: str, why: str) -> None:
+    warnings.warn(
+        f"cute-aot: {where}: skipped a {what} line: field {field!r} {why}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def objects_after(path: Path, offset: int) -> tuple[list[dict], int]:
@@ -156,7 +271,7 @@ def objects_after(path: Path, offset: int) -> tuple[list[dict], int]:
                 break
             whole.append(line)
             offset += len(line)
-    found = [record for _, record in _objects(whole, str(path))]
+    found = [record for _, _, record in _objects(whole, str(path))]
     return found, offset
 
 

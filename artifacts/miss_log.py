@@ -5,19 +5,33 @@ Servers write them (runtime/misses.py); the build (`aot-build --from-misses`) an
 which lives below both so that neither imports the other. A source is a log file (its rotated
 generation `<log>.1` first), a folder, or a URL prefix of any fsspec protocol, where each server
 process writes a file of its own: every `*.jsonl` under it is read, in name order.
+
+MISS_SCHEMA is what a miss line holds, checked where every reader reads it (`read_misses`): a
+line of another shape is skipped with one warning naming its file, line and field.
 """
 
 from __future__ import annotations
 
 import os
 
-from cute_aot.artifacts.json_lines import read_objects
+from cute_aot.artifacts.json_lines import Field, LineSchema, read_lines
 
-# What a line must hold to be a miss; an object without them (a foreign line in a shared log)
-# is skipped.
-REQUIRED_FIELDS = frozenset({"family", "key", "arch"})
+# The fields a reader reads (runtime/misses.py writes them; `aot-cache misses --out` writes the
+# first four): what a key is, per family, is its Key's to say (Key.from_fields).
+MISS_SCHEMA = LineSchema(
+    "miss log",
+    {
+        "family": Field((str,)),
+        "key": Field((dict,)),
+        "arch": Field((str,)),
+        "key_id": Field((str,), required=False),
+        "host": Field((str,), required=False),
+        "time": Field((str,), required=False),
+        "problem": Field((dict,), required=False),
+    },
+)
 
 
 def read_misses(source: str | os.PathLike) -> list[dict]:
     """Every well-formed miss record of a log file, a folder or a URL prefix, in file order."""
-    return [record for _, record in read_objects(source) if REQUIRED_FIELDS <= set(record)]
+    return [record for _, record in read_lines(source, MISS_SCHEMA)]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # what canonical_json escapes strings with
 
 from cute_aot.artifacts.digest import KEY_ID_LENGTH, canonical_json, json_digest, text_digest
+from cute_aot.artifacts.json_lines import Field, LineSchema, exactly, read_lines
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.kernels.contract import Adapter, KernelFamily, Patch
 from cute_aot.kernels.keys import KernelKey
@@ -108,8 +109,16 @@ class RecordedCallKey(KernelKey):
         (every entry a build writes: a served call's first use makes one); anything else goes
         the general way, which says what is wrong."""
         if fields.keys() == _FIELDS and fields["family"] == FAMILY:
-            return cls(fields["call"], fields["replay"], fields["version"])
-        return super().from_fields(fields)
+            key = cls(fields["call"], fields["replay"], fields["version"])
+        else:
+            key = super().from_fields(fields)
+        for name, kind in (("call", str), ("replay", str), ("version", int)):
+            value = getattr(key, name)
+            if type(value) is not kind:  # read as JSON text and a number: nothing else is a key
+                raise TypeError(
+                    f"key field {name!r} is {type(value).__name__}, not {kind.__name__}"
+                )
+        return key
 
     @functools.cached_property
     def call_data(self) -> dict:
@@ -149,7 +158,8 @@ class RecordedCallKey(KernelKey):
             replay = self.replay_data
         except ValueError:
             return {}
-        return (replay.get("hardware") or {}) if isinstance(replay, dict) else {}
+        answers = replay.get("hardware") if isinstance(replay, dict) else None
+        return answers if isinstance(answers, dict) else {}
 
     @property
     def target(self) -> str:
@@ -197,17 +207,36 @@ class RecordedCalls(KernelFamily, Adapter):
 family = RecordedCalls()
 
 
+def _replayable(record: dict) -> bool:
+    return record.get("recreatable") is True
+
+
+# What a record line holds, for every reader of records (read_records): runtime/record.py
+# writes them. A line of another shape (another format, a field of another type) is skipped
+# with one warning naming its file, line and field.
+RECORD_SCHEMA = LineSchema(
+    "record",
+    {
+        "format": Field((int,), check=exactly(RECORD_FORMAT)),
+        "family": Field((str,), check=exactly(FAMILY)),
+        "recreatable": Field((bool,)),
+        "key": Field((dict,), required=_replayable, check=RecordedCallKey.from_fields),
+        "key_id": Field((str,), required=False),
+        "arch": Field((str, type(None)), required=False),
+        "site": Field((str,), required=False),
+        "target": Field((str,), required=False),
+        "reason": Field((str, type(None)), required=False),
+        "servable": Field((bool,), required=False),
+        "tvm_ffi": Field((bool,), required=False),
+    },
+)
+
+
 def read_records(source) -> list[tuple[str, dict]]:
     """(file, record) of every record in a record file, a folder or a URL prefix (one file per
     process: CUTE_AOT_RECORD), in file order; a torn last line (a writer killed mid-append) and
-    lines of other formats are skipped."""
-    from cute_aot.artifacts.json_lines import read_objects
-
-    return [
-        (where, record)
-        for where, record in read_objects(source, "record")
-        if record.get("format") == RECORD_FORMAT and record.get("family") == FAMILY
-    ]
+    lines of another shape (RECORD_SCHEMA) are skipped, each said."""
+    return read_lines(source, RECORD_SCHEMA)
 
 
 def hardware_answers(key: RecordedCallKey) -> str:
