@@ -16,13 +16,23 @@ import os
 
 from cute_aot.artifacts.json_lines import Field, LineSchema, read_lines
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_key_fields(fields: dict) -> None:
+    """A key's fields are scalars (kernels/keys.py): anything else is no key of any family."""
+    for name, value in fields.items():
+        if not isinstance(value, _SCALARS):
+            raise TypeError(f"key field {name!r} is {type(value).__name__}, not a scalar")
+
+
 # The fields a reader reads (runtime/misses.py writes them; `aot-cache misses --out` writes the
-# first four): what a key is, per family, is its Key's to say (Key.from_fields).
+# first four): which fields a key has, per family, is its Key's to say (Key.from_fields).
 MISS_SCHEMA = LineSchema(
     "miss log",
     {
         "family": Field((str,)),
-        "key": Field((dict,)),
+        "key": Field((dict,), check=_check_key_fields),
         "arch": Field((str,)),
         "key_id": Field((str,), required=False),
         "host": Field((str,), required=False),

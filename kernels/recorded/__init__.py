@@ -211,6 +211,15 @@ def _replayable(record: dict) -> bool:
     return record.get("recreatable") is True
 
 
+def _check_recorded_key(fields: dict) -> None:
+    """A record's key: a RecordedCallKey's fields, its call and replay each a JSON object (what
+    the build replays and the tools compare)."""
+    key = RecordedCallKey.from_fields(fields)
+    for name in ("call", "replay"):
+        if not isinstance(json.loads(getattr(key, name)), dict):  # JSONDecodeError: ValueError
+            raise ValueError(f"key field {name!r} is not a JSON object")
+
+
 # What a record line holds, for every reader of records (read_records): runtime/record.py
 # writes them. A line of another shape (another format, a field of another type) is skipped
 # with one warning naming its file, line and field.
@@ -220,7 +229,7 @@ RECORD_SCHEMA = LineSchema(
         "format": Field((int,), check=exactly(RECORD_FORMAT)),
         "family": Field((str,), check=exactly(FAMILY)),
         "recreatable": Field((bool,)),
-        "key": Field((dict,), required=_replayable, check=RecordedCallKey.from_fields),
+        "key": Field((dict,), required=_replayable, check=_check_recorded_key),
         "key_id": Field((str,), required=False),
         "arch": Field((str, type(None)), required=False),
         "site": Field((str,), required=False),
