@@ -1,8 +1,9 @@
 """A virtual GPU runs what real workloads do (tests/user_kernels/training_program.py, an unmodified
 program under CUTE_AOT_VIRTUAL=h200, activated by the environment alone, in a fresh process):
 integer devices, views made contiguous, autograd forward and backward that each launch a kernel,
-host reads of host-made index tensors, refused reads of what a launch wrote, a numeric check
-that is counted instead of ending the run, and graph capture. Also: a process that is not a
+host reads of host-made index tensors, refused reads of what a launch wrote, numeric checks
+(assert_close, assert statements, `assert torch.equal`) counted instead of ending the run, graph
+capture, and torch.compile regions run eagerly. Also: a process that is not a
 virtual GPU keeps torch as it was.
 """
 
@@ -117,11 +118,29 @@ def test_a_read_of_what_a_launch_wrote_is_refused_with_its_site(training):
 def test_a_check_of_unknown_values_is_counted_and_the_run_goes_on_to_its_next_kernel(training):
     cases, records, stderr = training
     assert cases["check_then_next_kernel"]["after_the_check"] is True
-    assert "2 numeric checks not made" in stderr
+    assert "3 numeric checks not made" in stderr
     assert f"{_site('torch.testing.assert_close(y')} x1" in stderr
     assert f"{_site('assert (y - 0.5 * y)')} x1" in stderr
     # the kernel after the check (block 64) was compiled and recorded
     assert 64 in _blocks(records)
+
+
+def test_an_asserted_torch_equal_of_unknown_values_is_counted_and_the_run_goes_on(training):
+    cases, records, stderr = training
+    assert cases["equal_check_then_next_kernel"]["after_the_check"] is True, cases
+    assert f"{_site('assert torch.equal(')} x1" in stderr
+    assert 32 in _blocks(records)
+
+
+def test_a_compiled_region_runs_eagerly_and_records_the_kernel_it_calls(training):
+    cases, records, _ = training
+    assert cases["compiled_region"] == {
+        "case": "compiled_region",
+        "ok": True,
+        "shape": [4096],
+        "device": "cuda:0",
+    }
+    assert 1024 in _blocks(records)
 
 
 def test_a_graph_capture_runs_its_work_and_a_replay_launches_nothing(training):

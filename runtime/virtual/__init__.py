@@ -91,7 +91,8 @@ def asked_at() -> str:
 def in_assert() -> bool:
     """Whether the truth value being asked decides an assertion in the workload's own frame: a
     jump taken when it is true over code that raises AssertionError (an `assert` statement, as
-    Python compiles it or as pytest rewrites it)."""
+    Python compiles it or as pytest rewrites it), reached from the value itself or from a call
+    whose result it tests (`assert torch.equal(a, b)`)."""
     frame = _workload_frame()
     return frame is not None and _skips_a_raise(frame.f_code, frame.f_lasti)
 
@@ -101,14 +102,30 @@ def _skips_a_raise(code, offset: int) -> bool:
     import dis
 
     instructions = list(dis.get_instructions(code))
-    jump = next((i for i in instructions if i.offset == offset), None)
+    at = next((n for n, i in enumerate(instructions) if i.offset == offset), None)
+    if at is None:
+        return False
+    jump = instructions[at]
+    if jump.opname.startswith("CALL"):  # `assert torch.equal(a, b)`: the call's value is tested
+        jump = _test_of_result(instructions[at + 1 :])
     if jump is None or "IF_TRUE" not in jump.opname or not isinstance(jump.argval, int):
         return False
+    offset = jump.offset
     skipped = [i for i in instructions if offset < i.offset < jump.argval]
     loads_error = any(
         i.opname == "LOAD_ASSERTION_ERROR" or i.argval == "AssertionError" for i in skipped
     )
     return loads_error and any(i.opname == "RAISE_VARARGS" for i in skipped)
+
+
+def _test_of_result(following) -> object:
+    """The jump that tests a call's result, if the result goes straight to one: directly, through
+    TO_BOOL, or through a temporary (how pytest rewrites an assert); None otherwise."""
+    rest = [i for i in following if i.opname not in ("CACHE", "EXTENDED_ARG", "TO_BOOL")]
+    if len(rest) > 2 and rest[0].opname == "STORE_FAST" and rest[1].opname == "LOAD_FAST":
+        if rest[0].argval == rest[1].argval:
+            rest = rest[2:]
+    return rest[0] if rest else None
 
 
 def unanswerable(question: str, reason: str, kind=Unanswerable) -> Unanswerable:

@@ -288,6 +288,9 @@ def _install(profile) -> None:
     if torch.version.cuda is None:  # a CPU build of torch: libraries ask which CUDA it has
         torch.version.cuda = profile.cuda_version
     torch_guard.install()
+    # torch.compile would have inductor write Triton code for a GPU that is not there: compiled
+    # regions run eagerly, so the kernels they call are reached as their eager calls reach them
+    torch.compiler.set_stance("force_eager")
     _checks_on_known_values(torch)
     for name in ("tensor", "as_tensor", "asarray"):
         setattr(torch, name, _made_on_host(getattr(torch, name)))
@@ -507,9 +510,13 @@ def _routing_mode():
                         "its values were made on the device, or derived from such values",
                     )
             if dynamic is not None:
+                if _returns_a_bool(func) and in_assert():  # `assert torch.equal(a, b)`
+                    check_not_made("assert on values of CUDA tensors")
+                    return True
                 raise unanswerable(
                     f"{func} of a CUDA tensor",
-                    "its result's shape depends on values written on the device",
+                    f"its result's {'value' if _returns_a_bool(func) else 'shape'} depends on "
+                    "values written on the device",
                 ) from dynamic
             return out
         if dynamic is not None:
@@ -526,6 +533,10 @@ def _routing_mode():
                 kwargs = {**kwargs, "pin_memory": False}
             if not touches_cuda(args, kwargs):
                 return func(*args, **kwargs)
+            body = _custom_op_body(func)
+            if body is not None:  # the library's own Python: its kernels are there to reach
+                with self:  # its torch ops are the virtual GPU's too
+                    return body(*args, **kwargs)
             return run(func, args, kwargs)
 
     return VirtualCuda()
@@ -533,6 +544,27 @@ def _routing_mode():
 
 # aten ops whose results hold whatever memory held before (names without a leading underscore)
 _UNINITIALIZED = ("empty", "new_empty", "resize")
+
+
+def _custom_op_body(func):
+    """The Python body a CUDA call of a `torch.library.custom_op` runs on a real GPU (None for
+    aten's ops and for ops with no Python body). Fake mode would run its fake instead, which
+    launches nothing and so reaches none of its kernels."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    if getattr(func, "namespace", "aten") in ("aten", "prim", "prims"):
+        return None
+    opdef = _maybe_get_opdef(func)
+    if opdef is None:
+        return None
+    bodies = opdef._backend_fns
+    return bodies.get("cuda") or bodies.get(None)
+
+
+def _returns_a_bool(func) -> bool:
+    """Whether an aten op answers with one Python bool (aten.equal, aten.is_nonzero, ...)."""
+    returns = func._schema.returns
+    return len(returns) == 1 and str(returns[0].type) == "bool"
 
 
 def _reads_values(exc: Exception) -> bool:

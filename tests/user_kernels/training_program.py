@@ -1,8 +1,10 @@
 """An unmodified program of the kind real test suites are: integer devices, views made contiguous,
 an autograd Function whose forward and backward each launch the user kernel
 (tests/user_kernels/scale.py; block 128 forward, 256 backward), host reads of index tensors, a
-numeric check mid-way followed by a kernel (block 64), and a CUDA-graph capture that launches
-the kernel (block 512). It imports nothing of cute-aot. Each case prints one JSON line,
+numeric check mid-way followed by a kernel (block 64), an `assert torch.equal` of launch outputs
+followed by a kernel (block 32), a CUDA-graph capture that launches the kernel (block 512), and a
+`torch.compile(fullgraph=True)` region that calls it as a custom op (block 1024). It imports
+nothing of cute-aot. Each case prints one JSON line,
 {"case": ..., "ok": true, ...} or {"case": ..., "ok": false, "error": type, "message": ...};
 a failing case does not stop the rest.
 
@@ -86,6 +88,29 @@ def check_then_next_kernel():
     return {"after_the_check": True}
 
 
+def equal_check_then_next_kernel():
+    x = torch.randn(1024, device="cuda")
+    assert torch.equal(launch(x, 128), launch(x, 128))  # a check of values nobody computed
+    launch(x, 32)
+    return {"after_the_check": True}
+
+
+@torch.library.custom_op("cute_aot_training::halve", mutates_args=())
+def halve(x: torch.Tensor) -> torch.Tensor:
+    return launch(x, 1024)
+
+
+@halve.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def compiled_region():
+    compiled = torch.compile(lambda x: halve(x + 1) * 2, fullgraph=True)
+    y = compiled(torch.randn(4096, device="cuda"))
+    return {"shape": list(y.shape), "device": str(y.device)}
+
+
 def graph_capture():
     x = torch.randn(1024, device="cuda")
     graph = torch.cuda.CUDAGraph()
@@ -103,7 +128,9 @@ CASES = [
     host_made_index,
     stub_output,
     check_then_next_kernel,
+    equal_check_then_next_kernel,
     graph_capture,
+    compiled_region,
 ]
 
 
