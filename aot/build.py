@@ -7,6 +7,7 @@ write byte-identical bundles.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -475,9 +476,10 @@ def write_bundles(
 ) -> tuple[list[WrittenBundle], dict[str, int]]:
     """One bundle per architecture whose keys all compiled (or, allowing failures, any did).
 
-    The `superseded` files are removed before the first bundle file is replaced: a kill between
-    a bundle's rename and its new report's write leaves bundles without a report, never beside a
-    report of other bytes."""
+    The `superseded` files are removed once the first new bundle is on disk, just before it
+    replaces the old one: a failed write keeps the old pair whole, and a kill between a bundle's
+    rename and its new report's write leaves bundles without a report, never beside a report of
+    other bytes."""
     written, incomplete = [], {}
     superseded = list(superseded)
     for arch, keys in plan_keys.items():
@@ -519,15 +521,20 @@ def _write_bundle(
             cache.store_bundle(digest, data)
     path = out_dir / bundle_filename(name, arch)
     if not _same_bytes(path, data):  # an unchanged bundle keeps its file (and mtime)
-        try:
-            while superseded:  # shared by the architectures: emptied by the first one written
-                superseded[-1].unlink(missing_ok=True)
-                superseded.pop()
-            atomic_write(path, data)
+        try:  # the old report stays until the new bytes are on disk: a failed write keeps it
+            atomic_write(path, data, before_replace=functools.partial(_remove_all, superseded))
         except OSError as exc:  # e.g. a full disk: the previous file, if any, is untouched
             raise BuildError(f"cannot write {path}: {exc.strerror or exc}") from None
     digest = hashlib.sha256(data).hexdigest()
     return WrittenBundle(path, arch, len(objects), len(data), digest)
+
+
+def _remove_all(superseded: list[Path]) -> None:
+    """Remove the files that describe the bundles being replaced; the list is shared by the
+    architectures, emptied by the first bundle replaced."""
+    while superseded:
+        superseded[-1].unlink(missing_ok=True)
+        superseded.pop()
 
 
 def _same_bytes(path: Path, data: bytes) -> bool:

@@ -10,8 +10,9 @@ another build's report:
   and keeps it (`claim_kept_by`) until its last file is written; a second build of that name
   into that folder refuses in one line naming the holder (pid, host, since when); a killed
   holder's claim is taken over by the next build;
-- no stale pair after a kill: the report describing the bundles in `--out` is removed before the
-  first of them is replaced, and the new one is written after the last; a kill in between leaves
+- no stale pair after a kill: the report describing the bundles in `--out` is removed once the
+  first new bundle is on disk, just before it replaces the old one (a failed write, a full disk,
+  keeps the old pair whole), and the new one is written after the last; a kill in between leaves
   bundles without a report, which the next build completes.
 A shard build writes its folder and its report outside this unit (its folder holds its rows).
 """

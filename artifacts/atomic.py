@@ -24,7 +24,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # temporary_name's `<what>.pid<N>@<machine>.<random>[.tmp]` (the random part of older versions'
@@ -143,15 +143,23 @@ def _complete_temporary(path: Path, data: bytes, mode: int) -> Iterator[str]:
             os.unlink(tmp)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Path:
+def atomic_write(
+    path: str | os.PathLike,
+    data: bytes,
+    mode: int = 0o644,
+    before_replace: Callable[[], None] | None = None,
+) -> Path:
     """Write `data` to `path` via a unique temporary name in the same folder, fsync, rename.
 
     A failure (an OSError naming `path`) leaves no temporary file behind and the previous
-    `path` (if any) untouched.
+    `path` (if any) untouched. `before_replace` runs once the new bytes are on disk, just before
+    the rename: what describes the previous file goes only when it is sure to be replaced.
     """
     path = Path(path)
     try:
         with _complete_temporary(path, data, mode) as tmp:
+            if before_replace is not None:
+                before_replace()
             os.replace(tmp, path)
     except OSError as exc:
         if exc.filename is None and exc.errno:  # a failed write() names no file: name it

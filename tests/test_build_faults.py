@@ -240,6 +240,31 @@ def test_a_full_disk_fails_in_one_line_and_leaves_nothing_half_written(tmp_path,
     assert left == []
 
 
+def test_a_rebuild_on_a_full_disk_keeps_the_old_bundle_and_its_report(tmp_path, env):
+    """A rebuild whose new bundle cannot be written (the disk filled up after the first build)
+    fails in one line; the old bundle stays, and so does the report that describes it."""
+    from tests.faults import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "disk", "1m") as out:
+        status, output = run(env, out, *ROUTER_SM90)
+        assert status == 0, output
+        report = out / "default.build-report.json"
+        before = {path.name: path.read_bytes() for path in (out / BUNDLE, report)}
+        fill(out)
+        # Room for the build's claim (a page), none for a bundle: the write itself fails.
+        os.truncate(out / "filler", (out / "filler").stat().st_size - 8192)
+        status, output = run(env, out, *ROUTER_SM90, "--bundle-version", "2")
+        after = {name: (out / name).read_bytes() for name in before if (out / name).exists()}
+        (out / "filler").unlink()
+    assert status != 0
+    assert "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if "No space left on device" in line]
+    assert str(out / BUNDLE) in line
+    assert after == before
+    recorded = json.loads(before[report.name])["bundles"][0]["sha256"]
+    assert recorded == hashlib.sha256(before[BUNDLE]).hexdigest()
+
+
 # -- 3. kill -9 ----------------------------------------------------------------------------------
 
 
