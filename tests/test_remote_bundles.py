@@ -327,6 +327,49 @@ def test_an_unreachable_store_without_a_copy_falls_back_or_fails_mode_aot(
     assert _cached(trusted)["copies"] == []
 
 
+def test_aot_cache_reads_an_http_url_as_a_server_does(http_store, signed, trusted):
+    """ls, verify and show take a URL, fetched by the runtime's own reader (remote.fetch): a
+    folder URL lists every bundle, a bundle URL shows and verifies the verified copy."""
+    shutil.copytree(signed, http_store.root / "release")
+    folder, bundle = f"{http_store.url}/release/", f"{http_store.url}/release/{NAME}"
+    listed = CliRunner().invoke(aot_cache, ["ls", folder, "--no-overlay", "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)["bundles"]
+    assert sorted(row["arch"] for row in rows) == ["sm_100a", "sm_90a"]
+    assert all(row["status"] == "ok" for row in rows), rows
+    shown = CliRunner().invoke(aot_cache, ["show", bundle, "--json"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.stdout)
+    assert report["arch"] == ARCH and report["entries"]
+    assert Path(report["path"]).read_bytes() == (signed / NAME).read_bytes()
+    verified = CliRunner().invoke(aot_cache, ["verify", bundle, "--gpu-arch", ARCH, "--json"])
+    assert json.loads(verified.stdout)["bundles"][0]["checks"][0]["status"] == "ok"
+
+
+@pytest.mark.parametrize("command", ["ls", "verify", "show"])
+def test_aot_cache_names_an_unreachable_url_whole_with_the_servers_reason(
+    trusted, settings_scope, command
+):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/x"
+    settings_scope(CUTE_AOT_BUNDLES=url)
+    with warnings.catch_warnings(record=True) as said:  # a server, given the same URL
+        warnings.simplefilter("always")
+        REGISTRY.load_from_env()
+    (server,) = [str(w.message) for w in said if url in str(w.message)]
+    reason = re.search(r"cannot be read now \((.*)\); trying again", server).group(1)
+    assert "cannot reach the store" in reason
+
+    result = CliRunner().invoke(aot_cache, [command, url])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if "cannot read" in line]
+    assert len(lines) == 1, result.stderr
+    assert f"{url}: " in lines[0] and f"cannot read ({reason})" in " ".join(lines[0].split())
+    assert "No such file" not in result.output
+
+
 def test_a_tampered_remote_object_is_refused_and_never_cached(bucket, signed, trusted, keys):
     prefix, key = bucket.url("release/"), f"release/{NAME}"
     remote.push([signed], prefix)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 import click
 from rich.console import Console
@@ -14,6 +13,7 @@ from rich.text import Text
 from cute_aot.aot import binary_info
 from cute_aot.aot.tools.aot_cache.facts.inventory import (
     bundle_report,
+    bundle_sources,
 )
 from cute_aot.aot.tools.aot_cache.output import (
     emit_json,
@@ -23,10 +23,11 @@ from cute_aot.aot.tools.aot_cache.output import (
     size_text,
     toolchain_text,
 )
+from cute_aot.artifacts.errors import CuteAotError
 
 
 @click.command("show")
-@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("bundle", metavar="BUNDLE")
 @click.option("--family", "family_name", help="Only entries of this family.")
 @click.option("--key", "key_id", help="One entry in detail: key id, unique id prefix, or symbol.")
 @click.option("--tables", "show_tables", is_flag=True, help="The dispatch tables it carries.")
@@ -36,9 +37,10 @@ def show_command(bundle, family_name, key_id, show_tables, as_json):
 
     Resources and instruction counts were read from each kernel's cubin with cuobjdump/nvdisasm
     when the bundle was built. Shared memory is the static part: CuTe DSL kernels set their
-    dynamic shared memory at launch.
+    dynamic shared memory at launch. BUNDLE is a bundle file, a folder holding one, or a URL
+    (file://, s3://, http(s)://), fetched as a server fetches it.
     """
-    report = bundle_report(bundle, family_name, key_id)
+    report = bundle_report(_one_bundle(bundle), family_name, key_id)
     facts = report["entries"]
     if as_json:
         emit_json(report)
@@ -54,6 +56,17 @@ def show_command(bundle, family_name, key_id, show_tables, as_json):
         console.print(_entries_table(facts))
     if report["note"]:
         console.print(Text(report["note"], style="yellow"))
+
+
+def _one_bundle(source: str):
+    """The one bundle `source` names: a file, a folder or a URL, read as a server reads it."""
+    found = bundle_sources((source,))
+    if len(found) != 1:
+        raise CuteAotError(
+            f"{source}: holds {len(found)} bundles, show takes one (aot-cache ls {source} lists "
+            "them)"
+        )
+    return found[0][0]
 
 
 def _bundle_header(report: dict) -> Table:

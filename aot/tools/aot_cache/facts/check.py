@@ -10,11 +10,12 @@ stale sources). Nothing is dlopened: the library is read as bytes.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from cute_aot.artifacts import signing, toolchain
 from cute_aot.artifacts.bundle import read_bundle
-from cute_aot.artifacts.errors import BundleError, CuteAotError
+from cute_aot.artifacts.errors import BundleError, BundleFormatError, CuteAotError
 from cute_aot.artifacts.fatbin import fatbin_sm_numbers, iter_fatbins, sm_number
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels.arch import arch_for_capability, normalize_arch
@@ -23,6 +24,25 @@ from cute_aot.runtime.device import driver_cuda_version  # noqa: F401  (also wha
 from cute_aot.runtime.registry import stale_reasons
 
 Result = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class UnreadableSource:
+    """A bundle source (a URL) that cannot be fetched now: listed as the source it was named,
+    with the reason the runtime gives (a server falling back says the same)."""
+
+    source: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def readable(path: Path | UnreadableSource) -> Path:
+    """The bundle file to read; the BundleError of a source that cannot be read."""
+    if isinstance(path, UnreadableSource):
+        raise BundleFormatError(path.source, f"cannot read ({path.reason})")
+    return path
 
 
 def local_gpu() -> dict | None:
@@ -176,7 +196,7 @@ def verify_bundle(
         checks.append({"check": name, "status": result[0], "detail": result[1]})
 
     try:
-        manifest, library = read_bundle(path)  # every size and sha256, bounded decompression
+        manifest, library = read_bundle(readable(path))  # every sha256, bounded decompression
     except BundleError as exc:
         add("integrity", ("fail", str(exc).removeprefix(f"{path}: ")))
         return {**report, "ok": False, "usable": False}

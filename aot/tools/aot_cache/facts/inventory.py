@@ -33,7 +33,7 @@ from cute_aot.runtime.mode import current_mode
 from cute_aot.runtime.registry import stale_reasons
 
 # (bundle path, whether it came from a folder, its manifest or why it could not be read)
-BundleSource = tuple[Path, bool, "Manifest | str"]
+BundleSource = tuple["Path | check.UnreadableSource", bool, "Manifest | str"]
 
 # Every CUTE_AOT_* setting (artifacts/settings.py), then the others that change what runs
 ENV_VARS = (
@@ -44,10 +44,12 @@ ENV_VARS = (
 )
 
 
-def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
+def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path | check.UnreadableSource, str, bool]]:
     """(bundle file, where it was named, came from a folder), in the runtime's search order
-    (runtime/sources.py): explicit paths, else what a server loads unasked: CUTE_AOT_BUNDLES,
-    then installed bundle wheels (named `wheel <distribution>==<version>`)."""
+    (runtime/sources.py): explicit paths, file:// or store URLs (fetched as a server fetches
+    them), else what a server loads unasked: CUTE_AOT_BUNDLES, then installed bundle wheels
+    (named `wheel <distribution>==<version>`). A URL that cannot be fetched now is an
+    UnreadableSource (check.readable raises its reason)."""
     if given:
         named = [(source, "argument") for source in given]
     else:
@@ -63,9 +65,10 @@ def bundle_sources(given: tuple[str, ...]) -> list[tuple[Path, str, bool]]:
     found = []
     for source, origin in named:
         try:
-            roots = sources.local_paths(source)
-        except OSError:  # a URL that cannot be fetched now: listed, and read as unreadable
-            roots = [Path(source)]
+            roots = sources.local_paths(source)  # the runtime's reader: paths, file://, URLs
+        except OSError as exc:  # a URL that cannot be fetched now: listed, with the reason
+            found.append((check.UnreadableSource(source, exc.strerror or str(exc)), origin, False))
+            continue
         for root in roots:
             if root.is_dir():
                 found += [(path, origin, True) for path in paths.expand_bundle_paths([root])]
@@ -94,7 +97,7 @@ def read_manifests(given: tuple[str, ...]) -> list[BundleSource]:
     found = []
     for path, _, from_folder in bundle_sources(given):
         try:
-            found.append((path, from_folder, read_manifest(path)))
+            found.append((path, from_folder, read_manifest(check.readable(path))))
         except BundleError as exc:
             found.append((path, from_folder, str(exc)))
     return found
@@ -150,7 +153,7 @@ def order_problem(family_name: str, problem: dict) -> dict:
 def bundle_summary(path: Path, source: str) -> dict:
     row: dict = {"path": str(path), "source": source}
     try:
-        manifest = read_manifest(path)
+        manifest = read_manifest(check.readable(path))
     except BundleError as exc:
         return {**row, "status": "error", "error": str(exc)}
     stale = stale_reasons(manifest)
@@ -418,7 +421,7 @@ def _resources_note(entries: list[dict]) -> str | None:
 
 def bundle_report(bundle: Path, family_name: str | None = None, key: str | None = None) -> dict:
     """A bundle's facts and its entries (all, one family's, or the one matching `key`)."""
-    manifest = read_manifest(bundle)
+    manifest = read_manifest(check.readable(bundle))
     entries = list(manifest.entries)
     if family_name:
         entries = [e for e in entries if e.family == family_name]
