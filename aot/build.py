@@ -311,9 +311,13 @@ def _one_build_of(out_dir: Path, name: str) -> Iterator[None]:
             yield
     except Claimed as held:
         who = {field: held.holder.get(field, "?") for field in ("pid", "host", "since")}
+        if held.holder:
+            writer = f"pid {who['pid']} on {who['host']}, since {who['since']}"
+        else:  # lost the takeover of a dead build's claim to a build not yet named there
+            writer = "one taking over a dead build's claim; which one is not known yet"
         raise BuildError(
-            f"{out_dir}: another aot-build of '{name}' is writing there (pid {who['pid']} on "
-            f"{who['host']}, since {who['since']}); wait for it, or build into another --out"
+            f"{out_dir}: another aot-build of '{name}' is writing there ({writer}); wait for "
+            "it, or build into another --out"
         ) from None
 
 

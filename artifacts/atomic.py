@@ -36,6 +36,9 @@ _OWNED_NAME = re.compile(
 # scheme above and left so, because that file's text is part of every build-cache digest
 # (build_cache.worker_fingerprint); it sits in a build's own work folder, on this machine.
 _WORKER_OBJECT = re.compile(r"^\.[A-Za-z0-9_]+\.(\d+)\.tmp\.o$")
+# How long a process that lost the takeover of a stale lock looks for the winner's own lock, to
+# name it (the winner links its lock an instant after removing the stale one).
+TAKEOVER_SETTLE = 1.0
 
 
 @functools.cache
@@ -185,13 +188,18 @@ def publish_once(path: str | os.PathLike, data: bytes, mode: int = 0o444) -> boo
 
 
 class Claimed(Exception):
-    """Another live process holds the lock; `holder` says who (pid, host, since)."""
+    """Another live process holds the lock; `holder` says who (pid, host, since), or is empty
+    where another process is taking over a dead holder's lock and has not yet linked its own."""
 
     def __init__(self, path: Path, holder: dict):
-        super().__init__(
-            f"{path} is held by pid {holder.get('pid', '?')} on "
-            f"{holder.get('host', '?')} since {holder.get('since', '?')}"
-        )
+        if holder:
+            who = (
+                f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} "
+                f"since {holder.get('since', '?')}"
+            )
+        else:
+            who = "a process taking over its dead holder's lock (which one is not known yet)"
+        super().__init__(f"{path} is held by {who}")
         self.path = path
         self.holder = holder
 
@@ -226,8 +234,13 @@ def claimed(
     pause = 0.002
     while not _link_lock(path, mine):
         holder, seen = _lock_holder(path)
-        if seen is None or (_stale(holder, seen, stale_after) and _take_over(path, seen)):
-            continue  # released, or a stale one removed: link again at once
+        if seen is not None and _stale(holder, seen, stale_after):
+            if _take_over(path, seen):
+                continue  # the stale one removed: link again at once
+            holder = _winner(path, seen)  # lost the takeover: the dead holder holds nothing
+            seen = None if holder is None else seen
+        if seen is None:
+            continue  # released: link again at once
         if time.monotonic() >= deadline:
             raise Claimed(path, holder)
         time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
@@ -293,6 +306,22 @@ def _stale(holder: dict, seen: tuple, stale_after: float | None) -> bool:
     if owner and owner[2] == _machine() and not _alive(int(owner[1])):
         return True
     return stale_after is not None and time.time() - seen[1] > stale_after
+
+
+def _winner(path: Path, seen: tuple) -> dict | None:
+    """Who holds `path` after this process lost the takeover of its stale lock `seen`: the
+    winner, once its own lock is there (looked for during TAKEOVER_SETTLE s); {} where it is not
+    there yet (which process won is not known); None where the lock is free."""
+    deadline = time.monotonic() + TAKEOVER_SETTLE
+    while True:
+        holder, now = _lock_holder(path)
+        if now is None:
+            return None
+        if now != seen:
+            return holder
+        if time.monotonic() >= deadline:
+            return {}
+        time.sleep(0.01)
 
 
 def _take_over(path: Path, seen: tuple) -> bool:

@@ -229,6 +229,69 @@ print("ok")
     assert not lock.exists() and _debris(tmp_path) == []
 
 
+def _taking_over(lock: Path, then_hold: bool) -> subprocess.Popen:
+    """A process in the middle of taking over `lock` from its dead holder: it holds the takeover
+    guard (as atomic._take_over does) and, if `then_hold`, after 0.3 s puts its own lock in the
+    dead one's place in one rename, then holds it; else it stays inside the guard."""
+    taker = _start(
+        """
+        import json, os, socket, sys, time
+        from pathlib import Path
+        from cute_aot.artifacts.atomic import claimed, owner_tag
+        lock = Path(sys.argv[1])
+        with claimed(f"{lock}.takeover"):
+            print("taking over", flush=True)
+            time.sleep(0.3)
+            if sys.argv[2] == "hold":
+                mine = {"owner": owner_tag(), "pid": os.getpid(), "host": socket.gethostname(),
+                        "since": "now", "token": "winner"}
+                (lock.parent / "winner.tmp").write_text(json.dumps(mine))
+                os.replace(lock.parent / "winner.tmp", lock)
+            time.sleep(600)
+        """,
+        str(lock),
+        "hold" if then_hold else "stay",
+    )
+    assert taker.stdout.readline().strip() == "taking over", taker.stderr.read()
+    return taker
+
+
+def test_a_lost_takeover_names_the_winner_not_the_dead_holder(tmp_path):
+    lock = tmp_path / ".default.build-claim"
+    dead = _holder(lock)
+    _kill(dead)
+    winner = _taking_over(lock, then_hold=True)
+    try:
+        with pytest.raises(Claimed) as raised:
+            with claimed(lock):
+                pass
+    finally:
+        _kill(winner)
+    assert raised.value.holder["pid"] == winner.pid
+    assert f"pid {winner.pid} " in str(raised.value) and f"pid {dead.pid} " not in str(raised.value)
+
+
+def test_a_build_that_loses_a_takeover_names_no_dead_build(tmp_path):
+    """The takeover's winner has not linked its claim yet: the losing build says so, and names
+    neither the dead build nor anyone else."""
+    from tests.test_build_faults import ROUTER_SM90, run
+
+    out = tmp_path / "bundles"
+    out.mkdir()
+    lock = out / ".default.build-claim"
+    dead = _holder(lock)
+    _kill(dead)
+    taker = _taking_over(lock, then_hold=False)
+    try:
+        status, output = run({**os.environ, "TMPDIR": str(tmp_path)}, out, *ROUTER_SM90)
+    finally:
+        _kill(taker)
+    assert status == 1, output
+    (line,) = [line for line in output.splitlines() if "another aot-build" in line]
+    assert f"pid {dead.pid} " not in line
+    assert "taking over a dead build's claim; which one is not known yet" in line
+
+
 def test_a_lock_of_another_machine_is_waited_for_then_taken_over_by_age(tmp_path):
     """Its holder cannot be asked whether it lives: a young lock is waited for, then named; one
     older than the bound is taken over."""
