@@ -370,6 +370,18 @@ def test_ls_says_when_no_bundles_are_found(tmp_path, env):
         assert where in line and "CUTE_AOT_BUNDLES" in line and "aot-cache ls bundles/" in line
 
 
+def test_ls_and_verify_of_an_empty_folder_say_so_in_the_same_line(tmp_path, env):
+    """One line each, naming the folder: an empty listing is an answer (ls exits 0), a check of
+    nothing passes nothing (verify exits 1)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for command, status in (("ls", 0), ("verify", 1)):
+        result = cli(command, empty, env=env)
+        assert result.exit_code == status, result.output
+        [line] = [line for line in result.stderr.splitlines() if "no bundles found" in line]
+        assert f"no bundles found in {empty}: name the folder aot-build wrote" in line
+
+
 def test_the_readme_explain_example_finds_the_bundle_the_runtime_loads(stub_bundles, env):
     folder, _, _ = stub_bundles
     env["CUTE_AOT_BUNDLES"] = str(folder)

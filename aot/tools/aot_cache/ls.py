@@ -35,7 +35,8 @@ def ls_command(bundle_paths, no_overlay, as_json):
 
     PATHS are bundle files or folders (default: every bundle a server would load, in its order:
     CUTE_AOT_BUNDLES, then installed bundle wheels); the overlay cache of JIT results follows.
-    Exit status 1 if a bundle cannot be read.
+    Finding no bundle is said in one line; an empty list is an answer (exit status 0), unlike
+    `verify`'s check of nothing. Exit status 1 if a bundle cannot be read.
     """
     rows = [bundle_summary(path, source) for path, source, _ in bundle_sources(bundle_paths)]
     if not rows:  # on stderr: --json output stays parseable

@@ -10,6 +10,7 @@ from rich.text import Text
 from cute_aot.aot.tools.aot_cache.facts import check
 from cute_aot.aot.tools.aot_cache.facts.inventory import (
     bundle_sources,
+    no_bundles_found,
 )
 from cute_aot.aot.tools.aot_cache.output import (
     STATUS_STYLES,
@@ -21,7 +22,6 @@ from cute_aot.aot.tools.aot_cache.output import (
 from cute_aot.aot.tools.aot_cache.params import (
     arch_param,
 )
-from cute_aot.artifacts import settings
 from cute_aot.artifacts.errors import CuteAotError
 
 
@@ -43,8 +43,9 @@ def verify_command(bundle_paths, gpu_arch, as_json):
     """
     sources = bundle_sources(bundle_paths)
     if not sources:
+        # One line, as `ls` gives it; a failure here: a check of nothing passes nothing.
         raise CuteAotError(
-            f"nothing to verify: pass bundle files or folders, or set {settings.BUNDLES.name}"
+            f"nothing to verify: {no_bundles_found(bundle_paths, 'aot-cache verify bundles/')}"
         )
     gpu = None if gpu_arch else check.local_gpu()
     target = gpu_arch or (gpu or {}).get("arch")
