@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.bundle_writer import write_bundle
 from cute_aot.artifacts.errors import InputError, KernelNotFoundError
 from cute_aot.kernels import family
-from cute_aot.runtime import REGISTRY, jit, mode, ops, policy, set_mode
+from cute_aot.runtime import REGISTRY, jit, load_bundles, mode, ops, policy, set_mode
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
 from cute_aot.runtime.misses import miss_log_path, read_misses, record_miss
 from tests.fake_gpu import on_gpu
@@ -543,3 +544,16 @@ def test_a_kernel_whose_export_fails_still_serves_and_is_compiled_once(
     assert callable(first) and jit.compile_count == before + 1
     assert REGISTRY.resolve(key, ARCH) is first and jit.compile_count == before + 1
     assert policy.counters()["router_gemm"]["degradations"] == 1  # the overlay, once
+
+
+def test_a_bundle_name_linked_to_a_folder_is_skipped_with_one_warning(tmp_path, fresh_runtime):
+    """`x.cuteaot` that links to a folder is not read as that folder (it loaded nothing and said
+    nothing): one warning names the link and where it points."""
+    (tmp_path / "folder").mkdir()
+    link = tmp_path / "x.cuteaot"
+    link.symlink_to(tmp_path / "folder")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert load_bundles(link) == []
+    naming = [str(w.message) for w in said if str(link) in str(w.message)]
+    assert len(naming) == 1 and "a link to a folder" in naming[0], [str(w.message) for w in said]
