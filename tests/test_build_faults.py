@@ -372,7 +372,7 @@ def test_a_build_of_other_families_never_silently_replaces_a_bundle(tmp_path, en
     status, output = run(env, out, "--families", "router_gemm,gemm_sm90", "--arch", "sm90a")
     assert status == 0, output
     before = sha256(out / BUNDLE)
-    # README: the FlashInfer command, into the folder that holds the other families' bundle
+    # docs/flashinfer.md's command, into the folder that holds the other families' bundle
     readme = (
         "--arch",
         "sm90a",

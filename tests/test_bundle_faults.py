@@ -347,7 +347,7 @@ def test_load_bundles_refuses_a_truncated_bundle_whose_library_is_cached(
 
 
 # -- 4. aot-cache finds what the runtime loads, and says when it finds nothing -------------------
-SHAPE = ("--shape", "12,256,7168")  # the README's example: M, N, K
+SHAPE = ("--shape", "12,256,7168")  # docs/cli.md's explain example: M, N, K
 
 
 def test_explain_says_when_no_bundles_are_found(tmp_path, env):

@@ -4,7 +4,7 @@ and leaves the caller's current device alone.
 Written for any number of GPUs: tests that need two skip on one, saying so. Root cause of the
 "empty CUDA graph" once seen here: torch.cuda.graph's default capture stream is process-wide and
 lives on whichever device was current at the first capture, so a capture for another device must
-pass `stream=` a stream of that device; torch's own ops behave the same way (see the README).
+pass `stream=` a stream of that device; torch's own ops behave the same way (see docs/serving.md).
 """
 
 import threading

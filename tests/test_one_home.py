@@ -336,8 +336,19 @@ def test_scope_sets_settings_for_this_process_only(monkeypatch, tmp_path):
             pass
 
 
-def test_the_readme_s_settings_table_is_the_settings_module_s():
+def test_the_settings_page_is_generated_from_the_settings_module():
+    """docs/settings.md is what docs/gen_settings.py writes from SETTINGS: a setting added,
+    removed or reworded without running the script fails here. The README links to the page."""
+    import importlib.util
+
     from cute_aot.artifacts import settings
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert settings.markdown_table() in readme
+    spec = importlib.util.spec_from_file_location("gen_settings", ROOT / "docs" / "gen_settings.py")
+    gen_settings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_settings)
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert page == gen_settings.render(), "docs/settings.md is stale: python docs/gen_settings.py"
+    assert settings.markdown_table() in page
+    for setting in settings.SETTINGS:
+        assert f"| `{setting.name}` |" in page
+    assert "docs/settings.md" in (ROOT / "README.md").read_text()
