@@ -77,6 +77,7 @@ def intercept() -> str:
     from cute_aot.runtime import serving
 
     install_hook()
+    hardware.occupancy_without_compile()  # cutlass's occupancy probe would compile
     return serving.install([FAMILY])[FAMILY]
 
 

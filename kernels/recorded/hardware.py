@@ -178,3 +178,105 @@ def differences(replay: dict, device_index: int) -> str | None:
         f"its trace was recorded on {replay.get('device') or 'another GPU'}; this GPU "
         f"({live_device()['name']}) answers otherwise: {'; '.join(differ)}"
     )
+
+
+# An empty kernel for the driver's occupancy calculator, built by the driver's own PTX JIT: the
+# PTX ISA version each target first appears in (a target not listed keeps cutlass's probe).
+_PROBE_PTX = (
+    ".version {isa}\n.target sm_{cc}\n.address_size 64\n.visible .entry probe()\n{{\n ret;\n}}\n"
+)
+_PTX_ISA = {90: "7.8", 100: "8.6", 101: "8.6", 103: "8.8", 110: "9.0", 120: "8.7", 121: "8.8"}
+
+
+def occupancy_without_compile() -> None:
+    """A serving process: HardwareInfo.get_max_active_clusters asks its occupancy question of an
+    empty kernel the driver builds from PTX in milliseconds, instead of cute.compile-ing one of
+    its own (a compile in a process that should make none). The question is cutlass's, asked
+    the same way: one 128-thread block per SM with all the shared memory it may take, clusters
+    of the given size. Its kernel is empty too, so the answer is the same (checked on the GPU
+    against cutlass's own for cluster sizes 1 to 16: benchmarks/occupancy_probe.py); where the
+    PTX cannot be loaded, cutlass's probe answers."""
+    from cutlass.utils import hardware_info
+
+    info = hardware_info.HardwareInfo
+    original = info.get_max_active_clusters
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    def get_max_active_clusters(self, cluster_size: int, stream=None) -> int:
+        if stream is None and 1 <= cluster_size <= 32:
+            answer = _max_active_clusters(int(self.device), cluster_size)
+            if answer is not None:
+                return answer
+        return original(self, cluster_size, stream)
+
+    get_max_active_clusters.__wrapped__ = original
+    info.get_max_active_clusters = get_max_active_clusters
+
+
+@functools.cache
+def _max_active_clusters(device: int, cluster_size: int) -> int | None:
+    from cuda.bindings import driver
+
+    def ok(result):
+        if result[0] != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"CUDA driver error {result[0]}")
+        return result[1] if len(result) == 2 else result[1:]
+
+    try:
+        kernel = _probe_kernel(device)
+        if kernel is None:
+            return None
+        attribute = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        shared = ok(driver.cuDeviceGetAttribute(attribute, device))
+        ok(
+            driver.cuFuncSetAttribute(
+                kernel,
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared,
+            )
+        )
+        dynamic = ok(driver.cuOccupancyAvailableDynamicSMemPerBlock(kernel, 1, 1))
+        blocks = ok(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel, 1, dynamic))
+        ok(
+            driver.cuFuncSetAttribute(
+                kernel,
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+        )
+        config = driver.CUlaunchConfig()
+        config.blockDimX, config.blockDimY, config.blockDimZ = 128, 1, 1
+        config.sharedMemBytes = dynamic
+        cluster = driver.CUlaunchAttribute()
+        cluster.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        value = driver.CUlaunchAttributeValue()
+        value.clusterDim.x, value.clusterDim.y, value.clusterDim.z = cluster_size, 1, 1
+        cluster.value = value
+        config.numAttrs, config.attrs = 1, [cluster]
+        config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, blocks, 1
+        return int(ok(driver.cuOccupancyMaxActiveClusters(kernel, config)))
+    except Exception:  # no context, an old driver: cutlass's own probe answers
+        return None
+
+
+@functools.cache
+def _probe_kernel(device: int):
+    from cuda.bindings import driver
+
+    attribute = driver.CUdevice_attribute
+    major = driver.cuDeviceGetAttribute(
+        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device
+    )
+    minor = driver.cuDeviceGetAttribute(
+        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device
+    )
+    cc = major[1] * 10 + minor[1]
+    if cc not in _PTX_ISA:
+        return None
+    ptx = _PROBE_PTX.format(isa=_PTX_ISA[cc], cc=cc).encode() + b"\0"
+    error, module = driver.cuModuleLoadData(ptx)
+    if error != driver.CUresult.CUDA_SUCCESS:
+        return None
+    error, kernel = driver.cuModuleGetFunction(module, b"probe")
+    return kernel if error == driver.CUresult.CUDA_SUCCESS else None
