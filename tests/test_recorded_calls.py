@@ -361,6 +361,7 @@ def test_mode_aot_serves_recorded_calls_without_compiling(recorded_bundle, tmp_p
     assert served["counters"]["cute_compile"]["hits"] == 1
     assert missed["error"] == "KernelNotFoundError" and missed["compiles"] == 0
     assert "cute_compile" in missed["message"] and "mode aot" in missed["message"]
+    assert "block=64" in missed["message"]  # the miss names the configuration asked for
 
 
 @pytest.mark.slow

@@ -167,7 +167,34 @@ class RecordedCallKey(KernelKey):
         return target.get("function") or target.get("object", "?")
 
     def describe(self) -> str:
-        return f"cute.compile of {self.target} ({len(self.call_data.get('args', []))} arguments)"
+        settings = call_settings(self.call_data)
+        return f"cute.compile of {self.target} ({len(self.call_data.get('args', []))} arguments" + (
+            f"; {settings})" if settings else ")"
+        )
+
+
+def call_settings(call_data: dict, limit: int = 600) -> str:
+    """The settings a call was compiled with, as a person names a configuration: the plain
+    values (numbers, flags, enums, element types, None) of its arguments and of its kernel
+    object's state, e.g. FA4's `tile_hdim=128, is_causal=True, pack_gqa=True, mCuSeqlensQ=None`.
+    Tensors' layouts are left out: the key says them in full."""
+    parts = []
+    for name, value in call_data.get("args", []):
+        state = value.get("state") if isinstance(value, dict) else None
+        items = sorted(state.items()) if isinstance(state, dict) else [(name, value)]
+        parts += [f"{field}={text}" for field, item in items if (text := _plain(item)) is not None]
+    text = ", ".join(parts)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _plain(description) -> str | None:
+    if not isinstance(description, dict):
+        return None
+    if description.get("py") in ("bool", "int", "float", "str", "NoneType"):
+        return repr(description.get("value")) if description["py"] != "NoneType" else "None"
+    if "enum" in description:
+        return str(description.get("name"))
+    return description.get("dsl_type")
 
 
 class RecordedCalls(KernelFamily, Adapter):
