@@ -84,7 +84,9 @@ def run(quack_root, flashinfer_root, out, names):
             **os.environ,
             "CUTE_AOT_RECORD": f"{out}/{name}.record/",
             "CUTE_AOT_REPORT": f"{out}/{name}.report.json",
-            "QUACK_CACHE_ENABLED": "0",  # quack's own .o cache would serve what we want to see
+            # the libraries' own disk caches would serve what each run is to show
+            "QUACK_CACHE_ENABLED": "0",
+            "FLASHINFER_CUTE_DSL_DISABLE_CACHE": "1",
         }
         if "CUTE_AOT_BUNDLES" in env:  # serving: nothing to record
             del env["CUTE_AOT_RECORD"]
