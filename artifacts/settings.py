@@ -266,6 +266,18 @@ def scope(**values: str | None):
         _overrides.update(saved)
 
 
+def set_in_process(name: str, value: str | None) -> None:
+    """Set a setting for this process until set again (None: back to the environment), as an
+    API like `set_mode` does; `scope` inside it still sees and restores it. Child processes see
+    only the environment."""
+    if name not in {setting.name for setting in SETTINGS}:
+        raise SettingError(f"no such setting: {name}")
+    if value is None:
+        _overrides.pop(name, None)
+    else:
+        _overrides[name] = value
+
+
 def markdown_table() -> str:
     """The README's table of settings, from SETTINGS (a test keeps the README's copy equal)."""
     lines = ["| variable | default | what it does |", "|---|---|---|"]

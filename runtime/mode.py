@@ -26,7 +26,6 @@ class Mode(str, enum.Enum):
 
 
 _BY_WORD = {mode.value: mode for mode in Mode}  # a dict read: Mode(word) costs ~1 µs per call
-_override: Mode | None = None
 _lock = threading.Lock()
 _seen: list = [None]  # the mode last answered: a different answer moves the epoch
 
@@ -40,17 +39,17 @@ def parse_mode(value: str | Mode) -> Mode:
 
 def set_mode(mode: str | Mode | None) -> None:
     """Set the process-wide mode (None: back to CUTE_AOT_MODE, default auto); every op resolves
-    its shapes again under it."""
-    global _override
+    its shapes again under it. The mode lives where every setting does: this sets CUTE_AOT_MODE
+    for the process (artifacts/settings.py)."""
     parsed = None if mode is None else parse_mode(mode)
     with _lock:
-        _override = parsed
+        settings.set_in_process(settings.MODE.name, None if parsed is None else parsed.value)
         _seen[0] = None  # the epoch moves here; the next answer is then the one seen
         epoch.advance()
 
 
 def current_mode() -> Mode:
-    mode = _override if _override is not None else _BY_WORD[settings.MODE.value()]
+    mode = _BY_WORD[settings.MODE.value()]
     if _seen[0] is not mode:
         with _lock:
             if _seen[0] is not mode:

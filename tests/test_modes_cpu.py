@@ -45,6 +45,20 @@ def test_mode_from_env_and_api(settings_scope, fresh_runtime):
     assert current_mode() is Mode.AOT
 
 
+def test_the_mode_is_held_once_by_the_settings(settings_scope, fresh_runtime):
+    """set_mode sets CUTE_AOT_MODE for the process: every reader of the setting agrees."""
+    from cute_aot.artifacts import settings
+
+    settings_scope(CUTE_AOT_MODE="aot")
+    set_mode("jit")
+    assert settings.mode_name() == "jit" and current_mode() is Mode.JIT
+    with settings.scope(CUTE_AOT_MODE="auto"):  # a scope still wins while it lasts
+        assert current_mode() is Mode.AUTO
+    assert settings.mode_name() == "jit"
+    set_mode(None)  # back to the environment
+    assert settings.MODE.raw() is None and current_mode() is Mode.AUTO
+
+
 def test_aot_mode_miss_names_family_key_arch_and_bundles(fresh_runtime, stub_bundles):
     out, paths, _ = stub_bundles
     REGISTRY.load(out, gpu_arch=ARCH)
