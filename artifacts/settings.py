@@ -1,8 +1,8 @@
 """Every `CUTE_AOT_*` environment variable: read here, and only here, each time it is asked for.
 
 One table (`SETTINGS`) names each variable, its default and what it does; `aot-cache env` prints
-it and the README copies it. Values are read on every call (a server may change its environment,
-and tests do), which costs a dict lookup: the hot path never asks.
+it and docs/settings.md is generated from it. Values are read on every call (a server may change
+its environment, and tests do), which costs a dict lookup: the hot path never asks.
 
 This module sits at the bottom of the package (artifacts/), so that the build (aot/), the bundle
 format and the runtime all read their settings through it without import cycles.
@@ -58,7 +58,7 @@ class Setting(namedtuple("Setting", "name default doc when_unset kind", defaults
 
     @property
     def unset_text(self) -> str:
-        """What applies when unset, for people (`aot-cache env`; the README's table has it in
+        """What applies when unset, for people (`aot-cache env`; docs/settings.md has it in
         markdown)."""
         unset = self.when_unset or (self.default if self.default is not None else "none")
         return unset.replace("`", "")
@@ -279,7 +279,7 @@ def set_in_process(name: str, value: str | None) -> None:
 
 
 def markdown_table() -> str:
-    """The README's table of settings, from SETTINGS (a test keeps the README's copy equal)."""
+    """The table of settings, from SETTINGS (docs/gen_settings.py writes it to docs/settings.md)."""
     lines = ["| variable | default | what it does |", "|---|---|---|"]
     for setting in SETTINGS:
         default = setting.when_unset or (f"`{setting.default}`" if setting.default else "(none)")

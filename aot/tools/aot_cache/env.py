@@ -76,7 +76,7 @@ def env_command(as_json):
     table.add_row(
         "hook",
         "startup hook",
-        hook["installed_at"] or "not in a site directory (see the README: Activation)",
+        hook["installed_at"] or "not in a site directory (see docs/recording.md: Activation)",
     )
     state = "active" if hook["active"] else "inactive"
     table.add_row("hook", "cute.compile hook", f"{state} in processes started here: {hook['why']}")
