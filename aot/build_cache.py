@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 # Bump when the layout or the meaning of a digest changes: old entries are then never found.
 CACHE_FORMAT = 1
-CACHE_SUBDIR = cache_layout.BUILD
+CACHE_SUBDIR = cache_layout.BUILD.folder
 
 # Row fields that describe one run rather than the object: never stored, never part of a digest.
 VOLATILE_ROW_FIELDS = frozenset({"object", "seconds", "status", "error", "traceback", "cached"})

@@ -27,7 +27,7 @@ from cute_aot.artifacts.errors import BundleFormatError
 from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.private_files import make_private_folder, open_private, read_private
 
-FACTS_SUFFIX = ".verified.json"
+FACTS_SUFFIX = cache_layout.LIBS.marker
 _MAX_FACTS_BYTES = 1 << 24  # a library's facts are kilobytes
 
 
@@ -48,7 +48,7 @@ def _check_sha(sha256: str) -> None:
 class FolderStore:
     def __init__(self, root: Path):
         self.root = root
-        self.libs = root / cache_layout.LIBS
+        self.libs = root / cache_layout.LIBS.folder
 
     def _target(self, sha256: str) -> Path:
         _check_sha(sha256)

@@ -17,21 +17,21 @@ from __future__ import annotations
 
 import marshal
 import re
-import sys
 from typing import Any
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts import cache_layout, settings
 from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import MAX_MANIFEST_BYTES
 from cute_aot.runtime.private_files import make_private_folder, read_private
 
-# The memo's area of the cache dir. Declared here, not in artifacts/cache_layout.py with the
-# others: that module is in the recorded family's source hash (through settings), so a line added
-# there would make every recorded bundle already built stale.
-FOLDER = "manifests"
+# The memo's area of the cache dir, declared with the others (artifacts/cache_layout.py).
+FOLDER = cache_layout.MANIFESTS.folder
 # marshal's format is the interpreter's: each keeps its own memos.
-SUFFIX = f".{sys.implementation.cache_tag}.marshal"
-MEMO_NAME = re.compile(r"[0-9a-f]{64}\.[A-Za-z0-9_-]+\.marshal")  # what gc collects
+SUFFIX = cache_layout.MEMO_SUFFIX
+# What gc collects: any interpreter's memos.
+MEMO_NAME = re.compile(
+    cache_layout.MANIFESTS.stem.pattern + re.escape(cache_layout.MANIFESTS.marker)
+)
 MAX_BYTES = 2 * MAX_MANIFEST_BYTES  # more than any manifest the reader takes decodes to
 
 

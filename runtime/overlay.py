@@ -28,14 +28,14 @@ from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import family_facts
 from cute_aot.runtime.private_files import private_file
 
-REFUSED_MARK = ".refused-"  # <entry>.refused-<random>: set aside, for gc
+REFUSED_MARK = cache_layout.OVERLAY_REFUSED  # <entry>.refused-<random>: set aside, for gc
 # The private key overlay entries are signed with. Default: a per-user key made on first use in
 # the cache dir (mode 0600). Servers that share one overlay folder share one key here, and
 # trust its public key through CUTE_AOT_TRUSTED_KEYS.
 
 
 def overlay_root() -> Path:
-    return settings.cache_dir() / cache_layout.OVERLAY
+    return settings.cache_dir() / cache_layout.OVERLAY.folder
 
 
 def fingerprint(family: str) -> str:

@@ -198,7 +198,7 @@ def _version(info: dict) -> str | None:
 
 # -- copies --------------------------------------------------------------------------------------
 def _cache_folder() -> Path:
-    folder = settings.cache_dir() / cache_layout.REMOTE
+    folder = settings.cache_dir() / cache_layout.REMOTE.folder
     for made in (folder, folder / cache_layout.REMOTE_INDEX, folder / cache_layout.REMOTE_LOCKS):
         made.mkdir(mode=0o700, parents=True, exist_ok=True)
     return folder

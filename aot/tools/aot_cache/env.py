@@ -15,7 +15,7 @@ from cute_aot.aot.tools.aot_cache.output import (
     make_table,
     size_text,
 )
-from cute_aot.artifacts import settings
+from cute_aot.artifacts import cache_layout, settings
 
 
 @click.command("env")
@@ -35,18 +35,15 @@ def env_command(as_json):
             "tool", name, f"{tool['path']} ({tool['version']})" if tool["path"] else missing
         )
     where = report["paths"]
-    usage = {key: where[key] for key in ("overlay", "libs", "manifests")}
     table.add_row("path", "cache dir", where["cache_dir"])
-    for label, key in (
-        ("overlay", "overlay"),
-        ("unpacked libraries", "libs"),
-        ("decoded manifests", "manifests"),
-    ):
-        table.add_row(
-            "path",
-            label,
-            f"{usage[key]['path']} ({usage[key]['files']} files, {size_text(usage[key]['bytes'])})",
-        )
+    for area in cache_layout.AREAS:
+        if area.label:
+            usage = where[area.name]
+            table.add_row(
+                "path",
+                area.label,
+                f"{usage['path']} ({usage['files']} files, {size_text(usage['bytes'])})",
+            )
     log = where["miss_log"]
     state = {True: "", False: " (none yet)", None: " (a URL: not checked)"}[log["exists"]]
     table.add_row("path", "miss log", log["path"] + state)

@@ -1,7 +1,9 @@
 """The per-user cache dir's housekeeping: what the overlay holds (`aot-cache ls`), and pruning
 all five caches while servers and builds use them (`aot-cache gc`).
 
-What is collected, in units that go together or not at all (commit marker listed first):
+What is collected, in units that go together or not at all (commit marker listed first), as
+artifacts/cache_layout.py declares each area (AREAS: folder, unit, marker, gc rule); the walkers
+below take every name from there:
 
     overlay/<fingerprint>/<arch>/<key id>.cuteaot           one file (runtime/overlay.py)
     overlay/.../<key id>.cuteaot.refused-<random>           set aside by a reader: always goes
@@ -46,7 +48,6 @@ Safe with live servers and builds:
 from __future__ import annotations
 
 import os
-import re
 import stat
 import time
 from collections.abc import Iterable
@@ -54,23 +55,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cute_aot.artifacts import cache_layout, settings
-from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
+from cute_aot.artifacts.cache_layout import CacheArea
 from cute_aot.kernels import families
-from cute_aot.runtime import manifest_memo, overlay, remote
-from cute_aot.runtime.library_store import FACTS_SUFFIX  # beside each library
+from cute_aot.runtime import overlay, remote
 
-CACHES = ("build", "libs", "manifests", "overlay", "remote")
+CACHES = tuple(sorted(area.name for area in cache_layout.AREAS))
 OTHER = "other"  # temporaries elsewhere in the cache dir (keys/, ...)
 GRACE_S = 60.0
 TEMPORARY_DEBRIS_S = 3600.0  # a temporary this old was left by a killed writer
 UNREAD_S = TEMPORARY_DEBRIS_S  # a download no index names, unused this long, is not in flight
 MAX_DEPTH = 8  # the caches are 3 folders deep; a deeper tree is not ours to walk
-
-LIBRARY_SUFFIX = ".so"
-RECORD_SUFFIX = ".json"  # build_cache: the record beside each entry's data
-BUILD_DATA_SUFFIXES = {"objects": ".o", "bundles": BUNDLE_SUFFIX}
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_URL_ID = re.compile(r"[0-9a-f]{32}")  # runtime/remote.py: an index's name
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -123,6 +117,7 @@ class CacheRoot:
     name: str
     base: Path
     below: tuple[str, ...]
+    area: CacheArea | None = None  # None: the rest of the cache dir (OTHER)
 
     @property
     def path(self) -> Path:
@@ -137,7 +132,7 @@ def current_fingerprints() -> dict[str, str]:
 
 def overlay_files() -> list[Path]:
     root = overlay.overlay_root()
-    return sorted(root.glob(f"*/*/*{BUNDLE_SUFFIX}")) if root.is_dir() else []
+    return sorted(root.glob(f"*/*/*{cache_layout.OVERLAY.marker}")) if root.is_dir() else []
 
 
 def overlay_summary() -> list[dict]:
@@ -256,38 +251,37 @@ def cache_roots(caches: Iterable[str] = CACHES, build_root: Path | None = None) 
     """The roots of the chosen caches. The build cache's default is `build` in the cache dir;
     `build_root` (aot-build --cache-dir) is followed as given, like the cache dir itself."""
     base = settings.cache_dir()
-    where = {
-        "overlay": CacheRoot("overlay", base, (cache_layout.OVERLAY,)),
-        "libs": CacheRoot("libs", base, (cache_layout.LIBS,)),
-        "manifests": CacheRoot("manifests", base, (manifest_memo.FOLDER,)),
-        "build": (
-            CacheRoot("build", base, (cache_layout.BUILD,))
-            if build_root is None
-            else CacheRoot("build", Path(build_root), ())
-        ),
-        "remote": CacheRoot("remote", base, (cache_layout.REMOTE,)),
-    }
-    return [where[name] for name in CACHES if name in set(caches)]
+    chosen = set(caches)
+    roots = [
+        CacheRoot(area.name, base, (area.folder,), area)
+        if area is not cache_layout.BUILD or build_root is None
+        else CacheRoot(area.name, Path(build_root), (), area)
+        for area in cache_layout.AREAS
+        if area.name in chosen
+    ]
+    return sorted(roots, key=lambda root: CACHES.index(root.name))
 
 
 def _temporary(root: CacheRoot, folder: tuple[str, ...], file: FileState) -> CacheUnit:
     return CacheUnit(root.name, "temporary", root.base, folder, (file,))
 
 
-def _is_refused(name: str) -> bool:
-    """<key id>.cuteaot.refused-<random>: set aside by overlay.set_aside."""
-    entry, mark, _ = name.partition(overlay.REFUSED_MARK)
-    return bool(mark) and entry.endswith(BUNDLE_SUFFIX)
+def _is_refused(area: CacheArea, name: str) -> bool:
+    """<entry><marker>.refused-<random>: set aside by overlay.set_aside."""
+    entry, mark, _ = name.partition(cache_layout.OVERLAY_REFUSED)
+    return bool(mark) and area.is_unit_file(entry, area.marker)
 
 
-def _overlay_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+def _entry_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    """One file per unit at any depth (the overlay's entries), and entries set aside."""
+    area = root.area
     units = []
     for folder, file in _walk(root, walked):
         if is_temporary(file.name):
             kind = "temporary"
-        elif file.name.endswith(BUNDLE_SUFFIX):
-            kind = "entry"
-        elif _is_refused(file.name):
+        elif area.is_unit_file(file.name, area.marker):
+            kind = area.kind
+        elif _is_refused(area, file.name):
             kind = "refused"
         else:
             continue  # not ours to judge
@@ -295,15 +289,16 @@ def _overlay_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
     return units
 
 
-def _manifest_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+def _memo_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
     """Decoded manifests directly in manifests/ (read again only while their bundle is opened);
     temporaries at any depth."""
+    area = root.area
     units = []
     for folder, file in _walk(root, walked):
         if is_temporary(file.name):
             units.append(_temporary(root, folder, file))
-        elif folder == root.below and manifest_memo.MEMO_NAME.fullmatch(file.name):
-            units.append(CacheUnit(root.name, "manifest", root.base, folder, (file,)))
+        elif folder == root.below and area.is_unit_file(file.name, area.marker):
+            units.append(CacheUnit(root.name, area.kind, root.base, folder, (file,)))
     return units
 
 
@@ -311,21 +306,20 @@ def _paired_units(
     root: CacheRoot,
     found: list[tuple[tuple[str, ...], FileState]],
     kind: str,
-    marker_suffix: str,
     data_suffix: str,
 ) -> list[CacheUnit]:
-    """<hex><marker suffix> + <hex><data suffix> per folder, as units (marker first); either
-    may be missing (a writer between its two files, a reader that discarded a bad entry)."""
+    """<stem><marker> + <stem><data suffix> per folder, as units (marker first); either may be
+    missing (a writer between its two files, a reader that discarded a bad entry)."""
+    area = root.area
     pairs: dict[tuple[tuple[str, ...], str], dict[str, FileState]] = {}
     units = []
     for folder, file in found:
         if is_temporary(file.name):
             units.append(_temporary(root, folder, file))
             continue
-        for role, suffix in (("marker", marker_suffix), ("data", data_suffix)):
-            stem = file.name.removesuffix(suffix)
-            if stem != file.name and _HEX64.fullmatch(stem):
-                pairs.setdefault((folder, stem), {})[role] = file
+        for role, suffix in (("marker", area.marker), ("data", data_suffix)):
+            if area.is_unit_file(file.name, suffix):
+                pairs.setdefault((folder, file.name.removesuffix(suffix)), {})[role] = file
                 break
     for (folder, _), files in sorted(pairs.items()):
         ordered = tuple(files[role] for role in ("marker", "data") if role in files)
@@ -333,27 +327,28 @@ def _paired_units(
     return units
 
 
-def _libs_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
-    """Libraries and their facts directly in libs/; temporaries at any depth."""
+def _pair_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    """Units directly in the area's folder (libraries and their facts); temporaries at any
+    depth."""
     found = [
         (folder, f)
         for folder, f in _walk(root, walked)
         if folder == root.below or is_temporary(f.name)
     ]
-    return _paired_units(root, found, "library", FACTS_SUFFIX, LIBRARY_SUFFIX)
+    return _paired_units(root, found, root.area.kind, root.area.data)
 
 
-def _build_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
-    """Only objects/ and bundles/ are walked: --build-cache may name a folder that holds more."""
+def _shard_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+    """Only the area's parts are walked: --build-cache may name a folder that holds more."""
     units = []
-    for kind, suffix in BUILD_DATA_SUFFIXES.items():
-        sub = CacheRoot(root.name, root.base, (*root.below, kind))
+    for part, suffix in root.area.parts:
+        sub = replace(root, below=(*root.below, part))
         found = [
             (folder, f)
             for folder, f in _walk(sub, walked)
             if is_temporary(f.name) or _is_shard(folder, sub.below, f.name)
         ]
-        units += _paired_units(sub, found, kind.removesuffix("s"), RECORD_SUFFIX, suffix)
+        units += _paired_units(sub, found, part.removesuffix("s"), suffix)
     return units
 
 
@@ -384,19 +379,22 @@ def _read_index(base: Path, folder: tuple[str, ...], name: str) -> bytes:
         os.close(fd)
 
 
-def _remote_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
+def _download_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
     """Copies directly in remote/, indexes in remote/index/, temporaries at any depth; an
     unread copy or index is marked as such."""
+    area = root.area
     index_folder = (*root.below, cache_layout.REMOTE_INDEX)
     units, copies, indexes = [], [], []
     for folder, file in _walk(root, walked):
         if is_temporary(file.name):
             units.append(_temporary(root, folder, file))
-        elif folder == root.below and _HEX64.fullmatch(file.name.removesuffix(BUNDLE_SUFFIX)):
-            copies.append(CacheUnit(root.name, "copy", root.base, folder, (file,)))
-        elif folder == index_folder and _URL_ID.fullmatch(file.name.removesuffix(".json")):
+        elif folder == root.below and area.stem.fullmatch(file.name.removesuffix(area.marker)):
+            copies.append(CacheUnit(root.name, area.kind, root.base, folder, (file,)))
+        elif folder == index_folder and cache_layout.REMOTE_INDEX_STEM.fullmatch(
+            file.name.removesuffix(cache_layout.REMOTE_INDEX_SUFFIX)
+        ):
             indexes.append(CacheUnit(root.name, "index", root.base, folder, (file,)))
-    present = {unit.files[0].name.removesuffix(BUNDLE_SUFFIX): unit for unit in copies}
+    present = {unit.files[0].name.removesuffix(area.marker): unit for unit in copies}
     named: set[str] = set()
     for unit in indexes:
         data = _read_index(root.base, unit.folder, unit.files[0].name)
@@ -409,7 +407,7 @@ def _remote_units(root: CacheRoot, walked: set) -> list[CacheUnit]:
         unit = replace(unit, files=(replace(file, last_use_ns=newest),))
         units.append(unit if shas else replace(unit, unread="names no copy left"))
     for unit in copies:
-        if unit.files[0].name.removesuffix(BUNDLE_SUFFIX) not in named:
+        if unit.files[0].name.removesuffix(area.marker) not in named:
             unit = replace(unit, unread="no index names it (its URL holds another object)")
         units.append(unit)
     return units
@@ -422,6 +420,16 @@ def _other_temporaries(skip: set) -> list[CacheUnit]:
     return [_temporary(root, folder, f) for folder, f in found if is_temporary(f.name)]
 
 
+_COLLECT = {  # how each of cache_layout.GC_RULES finds an area's units
+    "entries": _entry_units,
+    "memos": _memo_units,
+    "pairs": _pair_units,
+    "shards": _shard_units,
+    "downloads": _download_units,
+}
+assert set(_COLLECT) == set(cache_layout.GC_RULES)
+
+
 def find_units(caches: Iterable[str] = CACHES, build_root: Path | None = None) -> list[CacheUnit]:
     """Every unit of the chosen caches; with all of them, temporaries elsewhere in the cache
     dir."""
@@ -429,14 +437,7 @@ def find_units(caches: Iterable[str] = CACHES, build_root: Path | None = None) -
     walked: set[tuple[int, int]] = set()
     units: list[CacheUnit] = []
     for root in cache_roots(chosen, build_root):
-        collect = {
-            "overlay": _overlay_units,
-            "libs": _libs_units,
-            "manifests": _manifest_units,
-            "build": _build_units,
-            "remote": _remote_units,
-        }
-        units += collect[root.name](root, walked)
+        units += _COLLECT[root.area.gc](root, walked)
     if chosen >= set(CACHES):
         units += _other_temporaries(walked)  # the caches' own folders were walked above
     return units

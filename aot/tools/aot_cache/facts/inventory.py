@@ -14,7 +14,7 @@ from pathlib import Path
 from cute_aot.aot import binary_info
 from cute_aot.aot.tools.aot_cache.facts import check, gc
 from cute_aot.artifacts import PACKAGE_VERSION, cache_layout, settings, toolchain
-from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
+from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.errors import (
     BundleError,
     BundleIntegrityError,
@@ -25,8 +25,8 @@ from cute_aot.artifacts.fatbin import find_fatbin, iter_fatbins
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.urls import is_url
 from cute_aot.kernels import families
-from cute_aot.runtime import manifest_memo, overlay, paths, sources
 from cute_aot.runtime import misses as miss_log
+from cute_aot.runtime import paths, sources
 from cute_aot.runtime.installed_bundles import installed_bundles
 from cute_aot.runtime.jit import jit_available
 from cute_aot.runtime.mode import current_mode
@@ -358,11 +358,11 @@ def environment() -> dict:
         "tools": tools,
         "paths": {
             "cache_dir": str(settings.cache_dir()),
-            "overlay": _folder_usage(overlay.overlay_root(), f"*{BUNDLE_SUFFIX}"),
-            "libs": _folder_usage(settings.cache_dir() / cache_layout.LIBS, "*.so"),
-            "manifests": _folder_usage(
-                settings.cache_dir() / manifest_memo.FOLDER, f"*{manifest_memo.SUFFIX}"
-            ),
+            **{
+                area.name: _folder_usage(settings.cache_dir() / area.folder, area.listed)
+                for area in cache_layout.AREAS
+                if area.label
+            },
             # A URL prefix is not looked at: `env` never waits on a store (None: not known).
             "miss_log": {"path": str(log), "exists": None if is_url(log) else log.exists()},
             "bundles": [str(path) for path, _, _ in bundle_sources(())],
