@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from collections import namedtuple
 
 # artifacts/bundle.BUNDLE_SUFFIX, spelled here because that module is heavy to import
 # (tests/test_cache_layout.py holds the two equal).
@@ -19,26 +19,31 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ANY = re.compile(r".*", re.DOTALL)
 
 
-@dataclass(frozen=True)
-class CacheArea:
+# A namedtuple, not a dataclass: settings imports this module, and the startup hook imports
+# settings in every process that sets an activating variable (dataclasses would bring inspect).
+class CacheArea(
+    namedtuple(
+        "CacheArea",
+        "name folder unit marker stem gc kind data parts label listed",
+        defaults=("", None, (), "", ""),
+    )
+):
     """One area of the cache dir that `aot-cache gc` collects, unit by unit.
 
     A unit is the files that go together or not at all: its commit marker (published last,
     unlinked first, so a reader sees a whole unit or a miss) and, for some areas, a data file
     beside it named by the same stem. Temporaries of artifacts/atomic.py are collected at any
-    depth of every area."""
+    depth of every area.
 
-    name: str  # `aot-cache gc --cache NAME`, the rows of gc's and env's reports
-    folder: str  # below the cache dir
-    unit: str  # one unit's files below `folder`, commit marker first (for people)
-    marker: str  # the commit marker's suffix
-    stem: re.Pattern[str]  # what comes before a unit file's suffix
-    gc: str  # how gc finds units, one of GC_RULES
-    kind: str = ""  # what gc calls one unit ("shards": each part's name, singular)
-    data: str | None = None  # the data file's suffix; None: the marker is the unit's one file
-    parts: tuple[tuple[str, str], ...] = ()  # "shards": (subfolder, its units' data suffix)
-    label: str = ""  # `aot-cache env` lists the area as this ("": not listed)
-    listed: str = ""  # what `aot-cache env` counts in it (a glob, at any depth)
+    name: `aot-cache gc --cache NAME`, the rows of gc's and env's reports; folder: below the
+    cache dir; unit: one unit's files below `folder`, commit marker first (for people); marker:
+    the commit marker's suffix; stem: what comes before a unit file's suffix (a pattern); gc:
+    how gc finds units, one of GC_RULES; kind: what gc calls one unit; data: the data file's
+    suffix (None: the marker is the unit's one file); parts: for "shards", (subfolder, its
+    units' data suffix); label: `aot-cache env` lists the area as this ("": not listed);
+    listed: what `aot-cache env` counts in it (a glob, at any depth)."""
+
+    __slots__ = ()
 
     def is_unit_file(self, name: str, suffix: str) -> bool:
         """Whether `name` is a unit's file ending in `suffix` (the marker's or data's)."""
