@@ -253,10 +253,7 @@ def scope(**values: str | None):
     """Settings for this process while the block runs (`scope(CUTE_AOT_MODE="aot")`; None:
     unset), whatever the environment says; as before afterwards. Child processes see only the
     environment."""
-    known = {setting.name for setting in SETTINGS}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise SettingError(f"no such setting: {', '.join(unknown)}")
+    _known_names(values)
     saved = dict(_overrides)
     _overrides.update(values)
     try:
@@ -266,12 +263,17 @@ def scope(**values: str | None):
         _overrides.update(saved)
 
 
+def _known_names(names) -> None:
+    unknown = sorted(set(names) - {setting.name for setting in SETTINGS})
+    if unknown:
+        raise SettingError(f"no such setting: {', '.join(unknown)}")
+
+
 def set_in_process(name: str, value: str | None) -> None:
     """Set a setting for this process until set again (None: back to the environment), as an
     API like `set_mode` does; `scope` inside it still sees and restores it. Child processes see
     only the environment."""
-    if name not in {setting.name for setting in SETTINGS}:
-        raise SettingError(f"no such setting: {name}")
+    _known_names([name])
     if value is None:
         _overrides.pop(name, None)
     else:

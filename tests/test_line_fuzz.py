@@ -110,11 +110,15 @@ def _write(folder: Path, name: str, lines: list[dict]) -> Path:
     return path
 
 
-@settings(
+# each example writes a file under tmp_path: the fixture is shared on purpose
+FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
+
+
+@FUZZ
 @given(lines=_lines(GOOD_RECORD))
 def test_any_value_at_any_record_field_is_built_or_skipped(tmp_path, lines):
     record = _write(tmp_path, "calls.jsonl", lines)
@@ -123,11 +127,7 @@ def test_any_value_at_any_record_field_is_built_or_skipped(tmp_path, lines):
     _cli_answers("records", str(record), str(record), "--json")
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@FUZZ
 @given(lines=_lines(GOOD_MISS))
 def test_any_value_at_any_miss_field_is_built_listed_or_skipped(tmp_path, lines):
     log = _write(tmp_path, "misses.jsonl", lines)

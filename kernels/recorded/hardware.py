@@ -218,11 +218,7 @@ def occupancy_without_compile() -> None:
 def _max_active_clusters(device: int, cluster_size: int) -> int | None:
     from cuda.bindings import driver
 
-    def ok(result):
-        if result[0] != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"CUDA driver error {result[0]}")
-        return result[1] if len(result) == 2 else result[1:]
-
+    ok = _driver_result
     try:
         kernel = _probe_kernel(device)
         if kernel is None:
@@ -262,21 +258,28 @@ def _max_active_clusters(device: int, cluster_size: int) -> int | None:
 
 @functools.cache
 def _probe_kernel(device: int):
+    """The empty kernel, loaded on `device` (None: a target this module has no PTX ISA for)."""
     from cuda.bindings import driver
 
     attribute = driver.CUdevice_attribute
-    major = driver.cuDeviceGetAttribute(
-        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device
+    major = _driver_result(
+        driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
     )
-    minor = driver.cuDeviceGetAttribute(
-        attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device
+    minor = _driver_result(
+        driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
     )
-    cc = major[1] * 10 + minor[1]
+    cc = major * 10 + minor
     if cc not in _PTX_ISA:
         return None
     ptx = _PROBE_PTX.format(isa=_PTX_ISA[cc], cc=cc).encode() + b"\0"
-    error, module = driver.cuModuleLoadData(ptx)
-    if error != driver.CUresult.CUDA_SUCCESS:
-        return None
-    error, kernel = driver.cuModuleGetFunction(module, b"probe")
-    return kernel if error == driver.CUresult.CUDA_SUCCESS else None
+    module = _driver_result(driver.cuModuleLoadData(ptx))
+    return _driver_result(driver.cuModuleGetFunction(module, b"probe"))
+
+
+def _driver_result(result):
+    """A cuda-python driver call's value; its error raised (the callers fall back on it)."""
+    from cuda.bindings import driver
+
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver error {result[0]}")
+    return result[1] if len(result) == 2 else result[1:]

@@ -510,13 +510,14 @@ def _routing_mode():
                         "its values were made on the device, or derived from such values",
                     )
             if dynamic is not None:
-                if _returns_a_bool(func) and in_assert():  # `assert torch.equal(a, b)`
+                a_bool = _returns_a_bool(func)
+                if a_bool and in_assert():  # `assert torch.equal(a, b)`
                     check_not_made("assert on values of CUDA tensors")
                     return True
                 raise unanswerable(
                     f"{func} of a CUDA tensor",
-                    f"its result's {'value' if _returns_a_bool(func) else 'shape'} depends on "
-                    "values written on the device",
+                    f"its result's {'value' if a_bool else 'shape'} depends on values written "
+                    "on the device",
                 ) from dynamic
             return out
         if dynamic is not None:
@@ -550,10 +551,10 @@ def _custom_op_body(func):
     """The Python body a CUDA call of a `torch.library.custom_op` runs on a real GPU (None for
     aten's ops and for ops with no Python body). Fake mode would run its fake instead, which
     launches nothing and so reaches none of its kernels."""
-    from torch._library.custom_ops import _maybe_get_opdef
-
     if getattr(func, "namespace", "aten") in ("aten", "prim", "prims"):
         return None
+    from torch._library.custom_ops import _maybe_get_opdef
+
     opdef = _maybe_get_opdef(func)
     if opdef is None:
         return None
