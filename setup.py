@@ -1,7 +1,7 @@
 """The one thing pyproject.toml cannot say: install the startup hook
-(runtime/cute-aot-startup.pth) at the top of site-packages, where site runs it in every Python
-process, from a wheel and from an editable install alike (runtime/activation.py: it does nothing
-unless a CUTE_AOT_* variable asks)."""
+(runtime/capture/cute-aot-startup.pth) at the top of site-packages, where site runs it in every
+Python process, from a wheel and from an editable install alike (runtime/capture/activation.py:
+it does nothing unless a CUTE_AOT_* variable asks)."""
 
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
-STARTUP = Path("runtime") / "cute-aot-startup.pth"
+STARTUP = Path("runtime") / "capture" / "cute-aot-startup.pth"
 
 
 class BuildPyWithStartupHook(build_py):

@@ -15,13 +15,13 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
-from cute_aot.artifacts import settings
-from cute_aot.artifacts.errors import BinaryInspectionError, ToolNotFoundError
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.atomic import scratch_folder
+from cute_aot.artifacts.core.errors import BinaryInspectionError, ToolNotFoundError
 from cute_aot.artifacts.fatbin import fatbin_sm_numbers, object_fatbin
 
 TOOL_TIMEOUT_S = 120
@@ -140,7 +140,7 @@ def extract_cubins(fatbin_path: Path, cuobjdump: str) -> list[Path]:
 def disassemble(fatbin: bytes, show_encoding: bool = False) -> str:
     """SASS of every cubin in a fatbin (nvdisasm, labels resolved; code sections only)."""
     cuobjdump, nvdisasm = require_tool("cuobjdump"), require_tool("nvdisasm")
-    with tempfile.TemporaryDirectory(prefix="cute-aot-sass-") as scratch:
+    with scratch_folder("cute-aot-sass") as scratch:
         path = Path(scratch) / "kernel.fatbin"
         path.write_bytes(fatbin)
         options = ["-c", "-hex"] if show_encoding else ["-c"]
@@ -164,7 +164,7 @@ def inspect_fatbin(fatbin: bytes) -> dict:
     if cuobjdump is None:
         return info
     nvdisasm = find_tool("nvdisasm")
-    with tempfile.TemporaryDirectory(prefix="cute-aot-inspect-") as scratch:
+    with scratch_folder("cute-aot-inspect") as scratch:
         path = Path(scratch) / "kernel.fatbin"
         path.write_bytes(fatbin)
         usage = parse_resource_usage(_run([cuobjdump, "-res-usage", str(path)]))

@@ -30,10 +30,10 @@ from rich.progress import (
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.aot.compile_pool import CompileCall, Worker, default_jobs, run_compiles
 from cute_aot.aot.compile_worker import compile_to_object
-from cute_aot.aot.pack import BuildTables, pack_bundle, table_records
 from cute_aot.aot.shard import MergeInput, Shard, load_shards, write_shard_file
 from cute_aot.artifacts import PACKAGE_VERSION
-from cute_aot.artifacts.atomic import (
+from cute_aot.artifacts.bundle import bundle_filename, read_manifest, sha256_file
+from cute_aot.artifacts.core.atomic import (
     Claimed,
     atomic_write,
     claimed,
@@ -41,11 +41,20 @@ from cute_aot.artifacts.atomic import (
     scratch_folder,
     temporary_name,
 )
-from cute_aot.artifacts.bundle import bundle_filename, read_manifest, sha256_file
-from cute_aot.artifacts.errors import BuildError, BundleError
-from cute_aot.kernels import Tuner, TuningCache, capability, families, family
+from cute_aot.artifacts.core.errors import BuildError, BundleError
+from cute_aot.artifacts.pack import pack_bundle
+from cute_aot.kernels import (
+    Tuner,
+    TuningCache,
+    bundle_facts,
+    capability,
+    families,
+    family,
+    table_records,
+)
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 from cute_aot.kernels.contract import Shape
+from cute_aot.kernels.tables import BuildTables
 
 __all__ = [
     "BuildOutcome",
@@ -518,7 +527,8 @@ def _write_bundle(
     data = cache.fetch_bundle(digest) if cache else None
     if data is None:
         try:
-            _, data = pack_bundle(name, arch, objects, bundle_version, tables=records)
+            families = bundle_facts({key.FAMILY for key in objects}, arch, records)
+            _, data = pack_bundle(name, arch, objects, families, bundle_version)
         except BuildError as exc:
             raise BuildError(f"bundle {name!r} for {arch}: {exc}") from None
         if cache:

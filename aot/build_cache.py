@@ -28,13 +28,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cute_aot.artifacts import PACKAGE_VERSION, cache_layout, settings, signing, toolchain
-from cute_aot.artifacts.atomic import publish_once
+from cute_aot.artifacts import PACKAGE_VERSION, signing, toolchain
 from cute_aot.artifacts.bundle import sha256_file
-from cute_aot.artifacts.digest import SPACED, json_digest, module_source, source_digest
-from cute_aot.artifacts.errors import SignatureError
-from cute_aot.artifacts.fingerprints import packer_code_digest
-from cute_aot.artifacts.settings import cache_dir
+from cute_aot.artifacts.core import cache_layout, settings
+from cute_aot.artifacts.core.atomic import publish_once
+from cute_aot.artifacts.core.errors import SignatureError
+from cute_aot.artifacts.core.settings import cache_dir
+from cute_aot.artifacts.digest import SPACED, json_digest
+from cute_aot.artifacts.fingerprints import packer_identity
 from cute_aot.kernels import family_facts, source_hash
 
 if TYPE_CHECKING:
@@ -49,12 +50,15 @@ VOLATILE_ROW_FIELDS = frozenset({"object", "seconds", "status", "error", "traceb
 
 # Code whose change changes an object (the worker's export options) or a bundle (link, pack,
 # container). Kernel sources are covered per family by source_hash.
-WORKER_MODULES = (
-    "cute_aot.aot.compile_worker",
-    "cute_aot.aot.binary_info",
-    "cute_aot.artifacts.elf",  # the worker's rows hold what these readers find in an object
-    "cute_aot.artifacts.fatbin",
-)
+# The compile worker's identity, in every object's cache digest: bump it when the object or the
+# row the worker makes for the same key changes (the export, what binary_info reads from an
+# object, the ELF and fatbin readers it uses). Nothing else of cute-aot moves it.
+WORKER_VERSION = 1
+# worker version -> the identity earlier releases computed from the worker's source files before
+# it was a version: the objects they cached stay valid.
+_EARLIER_WORKER_IDENTITIES = {
+    1: "fcdbbcf91c63bcbd8c03dc4200ead95d9309a0d8f058064f990221e47ce2ce4b",
+}
 
 
 def default_cache_root() -> Path:
@@ -73,9 +77,11 @@ def _digest(facts: dict) -> str:
 
 @functools.cache
 def worker_fingerprint() -> dict:
-    """The worker's code, and the inspection tools whose presence shapes its rows."""
-    modules = source_digest((name, module_source(name)) for name in WORKER_MODULES)
-    return {"modules": modules, "tools": _inspection_tools()}
+    """The worker's identity, and the inspection tools whose presence shapes its rows."""
+    identity = _EARLIER_WORKER_IDENTITIES.get(WORKER_VERSION) or json_digest(
+        {"worker": WORKER_VERSION}
+    )
+    return {"modules": identity, "tools": _inspection_tools()}  # "modules": the digests' name
 
 
 def _inspection_tools() -> dict:
@@ -97,11 +103,11 @@ def packer_fingerprint() -> dict:
     """Everything besides the objects that goes into a bundle's bytes."""
     import zstandard
 
-    from cute_aot.aot.link import link_inputs
+    from cute_aot.artifacts.link import link_inputs
 
     compiler = settings.c_compiler()
     return {
-        "code": packer_code_digest(),  # format version, packer modules, linked-in data files
+        "code": packer_identity(),  # bundle format version and packer version
         "link_inputs": {name: sha256_file(path)[0] for name, path in sorted(link_inputs().items())},
         "compiler": _compiler_identity(compiler) if compiler else None,
         "zstd": zstandard.ZSTD_VERSION,

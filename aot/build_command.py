@@ -35,7 +35,7 @@ from cute_aot.aot.planning import PlanRequest, plan_keys
 from cute_aot.aot.report import ConsoleNotes, announce_plan, finish, report_path
 from cute_aot.aot.shard import Shard, load_shards
 from cute_aot.aot.wheel import write_wheels
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 
 
 def build(

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from cute_aot.aot.build import WrittenBundle
 from cute_aot.artifacts import signing
-from cute_aot.artifacts.errors import KeyFileError
+from cute_aot.artifacts.core.errors import KeyFileError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -30,8 +30,8 @@ from cute_aot.aot.output import Output
 from cute_aot.aot.planning import DEFAULT_ARCHS, PlanRequest, RequestError
 from cute_aot.aot.shard import Shard
 from cute_aot.aot.signals import Stopped, stop_on_signals
-from cute_aot.artifacts import settings, terminal
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core import settings, terminal
+from cute_aot.artifacts.core.errors import CuteAotError
 from cute_aot.kernels import KernelFamily, families
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.kernels.contract import Shape
@@ -142,7 +142,7 @@ def _parse_shard(ctx, param, value):
 
 
 def _existing_source(ctx, param, value):
-    from cute_aot.artifacts.urls import local_path
+    from cute_aot.artifacts.core.urls import local_path
 
     local = local_path(value) if value else None
     if local is not None and not local.exists():  # a URL is read (and its errors told) later

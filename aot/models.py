@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cute_aot.artifacts.errors import ModelConfigError, UnsupportedProblemError
+from cute_aot.artifacts.core.errors import ModelConfigError, UnsupportedProblemError
 from cute_aot.kernels import KernelFamily, ModelShapes, capability
 
 Shape = tuple[int, ...]

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from cute_aot.aot import models as model_shapes
 from cute_aot.aot.build import BuildPlan, buildable_families, keys_by_arch
-from cute_aot.artifacts.errors import CuteAotError, TableError, UnsupportedProblemError
+from cute_aot.artifacts.core.errors import CuteAotError, TableError, UnsupportedProblemError
 from cute_aot.kernels import families, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.contract import Shape
@@ -162,7 +162,7 @@ def plan_from_misses(path, archs, named_families, notes: Notes | None = None) ->
 
 
 def plan_from_record(source, archs, notes: Notes) -> tuple[dict[str, list], list[NotBuilt]]:
-    """({arch: keys}, [(call site, target, arch, why not)]) of records (runtime/record.py: a
+    """({arch: keys}, [(call site, target, arch, why not)]) of records (runtime/capture/record.py: a
     file, a folder or a URL prefix), each distinct kernel once, keys in record order (keys_by_arch
     orders them): each replayable call for every architecture asked (default: the one it was
     recorded on). A call recorded with hardware answers is replayed only for the architecture

@@ -7,7 +7,7 @@ Also what a command that writes bundles says around it: what planning noted (Con
 recorded calls it could not build among them), the plan it is about to build, and when done
 (`finish`) the report, the summary, the build cache's use, and the keys that failed; with
 --json, the report and the calls not built as one JSON document on stdout. The console is
-artifacts/terminal.py's: in a pipe or a CI log its tables keep every path and reason whole."""
+artifacts/core/terminal.py's: in a pipe or a CI log its tables keep every path and reason whole."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from rich.text import Text
 
 from cute_aot.aot.build import BuildOutcome, WrittenBundle, describe_failures
 from cute_aot.aot.build_cache import BuildCache
-from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.core.atomic import atomic_write
 
 if TYPE_CHECKING:
     from cute_aot.aot.output import Output

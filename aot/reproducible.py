@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cute_aot.artifacts.atomic import scratch_folder
 from cute_aot.artifacts.bundle import read_bundle
-from cute_aot.artifacts.errors import NotReproducibleError
+from cute_aot.artifacts.core.atomic import scratch_folder
+from cute_aot.artifacts.core.errors import NotReproducibleError
 
 
 def explain_difference(first: Path, second: Path) -> str:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
-from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.core.atomic import atomic_write
+from cute_aot.artifacts.core.errors import ShardError
 from cute_aot.artifacts.digest import SPACED, json_digest
-from cute_aot.artifacts.errors import ShardError
 from cute_aot.kernels import families, family, family_facts, source_hash
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 from cute_aot.kernels.tables import Table

@@ -29,10 +29,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from cute_aot.artifacts import PACKAGE_VERSION
-from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import BUNDLE_ENTRY_POINT_GROUP, BUNDLE_SUFFIX, read_bundle
+from cute_aot.artifacts.core.atomic import atomic_write
+from cute_aot.artifacts.core.errors import BuildError, BundleError, ElfError
 from cute_aot.artifacts.elf import DynamicInfo, newest_glibc, read_dynamic
-from cute_aot.artifacts.errors import BuildError, BundleError, ElfError
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.artifacts.toolchain import CUTLASS_DSL_PREFIX, TVM_FFI_DIST
 

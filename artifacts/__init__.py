@@ -15,7 +15,7 @@ def _package_version() -> str:
 
 def __getattr__(name: str):
     # Looked up on first use: every process imports this package when the startup hook is
-    # armed (runtime/activation.py), and importlib.metadata alone costs it tens of ms.
+    # armed (runtime/capture/activation.py), and importlib.metadata alone costs it tens of ms.
     if name == "PACKAGE_VERSION":
         return _package_version()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

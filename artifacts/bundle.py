@@ -37,11 +37,7 @@ from typing import Any, BinaryIO, Protocol
 
 import zstandard
 
-from cute_aot.artifacts.errors import (
-    BundleFormatError,
-    BundleIntegrityError,
-    BundleSizeError,
-)
+from cute_aot.artifacts.core.errors import BundleFormatError, BundleIntegrityError, BundleSizeError
 from cute_aot.artifacts.manifest import ABIS, FORMAT_VERSION, Entry, Manifest
 
 MAGIC = b"CUTEAOT\0"

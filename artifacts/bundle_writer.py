@@ -13,9 +13,9 @@ from pathlib import Path
 
 import zstandard
 
-from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import HEADER, MAGIC, read_verified, sha256
-from cute_aot.artifacts.errors import BundleError, BundleIntegrityError
+from cute_aot.artifacts.core.atomic import atomic_write
+from cute_aot.artifacts.core.errors import BundleError, BundleIntegrityError
 from cute_aot.artifacts.manifest import FORMAT_VERSION, Manifest
 
 ZSTD_LEVEL = 10  # fixed level, single thread: the same library always gives the same bytes

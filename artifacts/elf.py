@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cute_aot.artifacts.errors import ElfError
+from cute_aot.artifacts.core.errors import ElfError
 
 __all__ = [
     "DynamicInfo",

@@ -17,8 +17,8 @@ import re
 import struct
 from collections.abc import Iterator
 
+from cute_aot.artifacts.core.errors import BinaryInspectionError, ElfError
 from cute_aot.artifacts.elf import SHT_NOBITS, read_sections
-from cute_aot.artifacts.errors import BinaryInspectionError, ElfError
 
 FATBIN_MAGIC = 0xBA55ED50
 KERNELS_BINARY_SYMBOL = "kernels_binary"  # where CuTe DSL exports put the fatbin

@@ -1,39 +1,30 @@
-"""Digests of the code that writes bundle bytes, shared by the build cache and the overlay cache.
+"""The packer's identity, shared by the build cache and the overlay cache.
 
 A cache entry is only as good as the code that made it: the packer (link, pack, the container's
-writer, the manifest's fields and JSON) is part of every bundle's bytes, so it is part of every
-cache key. The bundle reader is not (artifacts/bundle.py): what it accepts is the format version's,
-which is. Files are located and read, never imported (servers compute this on a miss and must not
-import the build side).
+writer, the manifest's fields and JSON, the C sources linked into every library) is part of every
+bundle's bytes, so its identity is part of every cache key. That identity is an explicit version,
+bumped when the bytes the packer writes for the same objects change; nothing else of cute-aot
+(settings, layout, the CLIs) moves it. tests/test_previous_commit_artifacts.py links the previous
+commit's objects and compares the bytes, so bytes that change without a bump fail there.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-from pathlib import Path
-
-from cute_aot.artifacts.digest import ABSENT, file_source, module_source, source_digest
+from cute_aot.artifacts.digest import json_digest
 from cute_aot.artifacts.manifest import FORMAT_VERSION
 
-PACKER_MODULES = (
-    "cute_aot.aot.pack",
-    "cute_aot.aot.link",
-    "cute_aot.artifacts.bundle_writer",
-    "cute_aot.artifacts.manifest",
-    "cute_aot.artifacts.toolchain",
-)
-# Data files of cute_aot.aot linked into every library.
-PACKER_DATA = ("cute_dsl_shim.c", "shape_dispatch.c")
+PACKER_VERSION = 1
+
+# (format version, packer version) -> the identity earlier releases computed from the packer's
+# source files before it was a version: the caches they filled stay valid.
+_EARLIER_IDENTITIES = {
+    (1, 1): "6305a3084e8ffad9e38cba5d8ba5a838f15649b8ddfe97c04d53c616fa7bf124",
+}
 
 
-@functools.cache
-def packer_code_digest() -> str:
-    """The bundle format version, the packer's modules and the data files it links in."""
-    modules = source_digest((name, module_source(name)) for name in PACKER_MODULES)
-    spec = importlib.util.find_spec("cute_aot.aot")
-    folder = Path(spec.origin).parent if spec and spec.origin else None
-    return source_digest(
-        ((name, file_source(folder / name) if folder else ABSENT) for name in PACKER_DATA),
-        prefix=f"format {FORMAT_VERSION}\0".encode() + modules.encode(),
-    )
+def packer_identity(format_version: int = FORMAT_VERSION, packer: int = PACKER_VERSION) -> str:
+    """The bundle format version and the packer version, as one cache-key component."""
+    earlier = _EARLIER_IDENTITIES.get((format_version, packer))
+    if earlier is not None:
+        return earlier
+    return json_digest({"format": format_version, "packer": packer})

@@ -1,7 +1,7 @@
 """Reading miss logs: one JSON object per line, each a kernel a server had to compile.
 
 Servers write them (runtime/misses.py); the build (`aot-build --from-misses`) and the operator
-(`aot-cache misses`) read them, through the one JSON-lines reader (artifacts/json_lines.py),
+(`aot-cache misses`) read them, through the one JSON-lines reader (artifacts/core/json_lines.py),
 which lives below both so that neither imports the other. A source is a log file (its rotated
 generation `<log>.1` first), a folder, or a URL prefix of any fsspec protocol, where each server
 process writes a file of its own: every `*.jsonl` under it is read, in name order.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from cute_aot.artifacts.json_lines import Field, LineSchema, read_lines
+from cute_aot.artifacts.core.json_lines import Field, LineSchema, read_lines
 
 _SCALARS = (str, int, float, bool, type(None))
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.errors import KeyFileError, SignatureError
 from cute_aot.artifacts.digest import canonical_json
-from cute_aot.artifacts.errors import KeyFileError, SignatureError
 from cute_aot.artifacts.manifest import Manifest
 
 if TYPE_CHECKING:  # `cryptography` is imported only where a key or signature is handled: a

@@ -14,7 +14,7 @@ import functools
 import re
 from importlib import metadata
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 
 CUTLASS_DSL_PREFIX = "nvidia-cutlass-dsl"
 TVM_FFI_DIST = "apache-tvm-ffi"

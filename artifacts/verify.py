@@ -17,13 +17,13 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 
-from cute_aot.artifacts.elf import DynamicInfo, read_dynamic
-from cute_aot.artifacts.errors import (
+from cute_aot.artifacts.core.errors import (
     BundleFormatError,
     BundleIntegrityError,
     ElfError,
     IncompatibleBundleError,
 )
+from cute_aot.artifacts.elf import DynamicInfo, read_dynamic
 from cute_aot.artifacts.manifest import Entry, Manifest
 
 # family name -> its key class, or None for a family this installation does not have.

@@ -37,8 +37,9 @@ def time_per_call_us(fn, calls: int) -> float:
 )
 def main(bundles, calls, turns, out_path):
     from cute_aot.kernels import family
-    from cute_aot.runtime import REGISTRY, load_bundles, op, ops
+    from cute_aot.runtime import load_bundles, op, ops
     from cute_aot.runtime.device import current_gpu_arch
+    from cute_aot.runtime.resolution import key_function
 
     load_bundles(bundles)
     router = family("router_gemm")
@@ -48,7 +49,7 @@ def main(bundles, calls, turns, out_path):
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
     out = torch.empty(m, n, device="cuda")
-    direct = REGISTRY.resolve(router.dispatch(router.parse_problem(f"{m},{n},{k}"), arch).key, arch)
+    direct = key_function(router.dispatch(router.parse_problem(f"{m},{n},{k}"), arch).key, arch)
     methods = {
         "op_out": lambda: router_gemm(x, w, out=out),
         "op_alloc": lambda: router_gemm(x, w),

@@ -24,14 +24,15 @@ def main(bundles, family_name, m, n, k, repeat):
 
     from cute_aot.kernels import family
     from cute_aot.kernels.gemm_sm90 import GemmProblem
-    from cute_aot.runtime import REGISTRY, load_bundles
+    from cute_aot.runtime import load_bundles
+    from cute_aot.runtime.resolution import key_function
 
     load_bundles(bundles)
     found = family(family_name)
     problem = GemmProblem(m, n, k, found.dtype, True)
     key = found.dispatch(problem, "sm_90a").key
     print(f"{family_name} M={m} N={n} K={k}: {key.describe()}", flush=True)
-    ours = found.bind(REGISTRY.resolve(key, "sm_90a", {}), problem)
+    ours = found.bind(key_function(key, "sm_90a", {}), problem)
     x = torch.randn(m, k, device="cuda")
     w = torch.randn(n, k, device="cuda") * 0.05
     bias = torch.randn(n, device="cuda").bfloat16()

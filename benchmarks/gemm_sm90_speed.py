@@ -86,6 +86,7 @@ def measure(
     from cute_aot.kernels import family
     from cute_aot.kernels.gemm_sm90 import DEFAULT_SHAPES, GemmProblem
     from cute_aot.runtime import REGISTRY, load_bundles
+    from cute_aot.runtime.resolution import key_function
 
     load_bundles(bundles)
     arch = "sm_90a"
@@ -112,7 +113,7 @@ def measure(
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 problem = GemmProblem(m, n, k, dtype, True)
                 chosen = found.dispatch(problem, arch).key
-                ours = REGISTRY.resolve(chosen, arch, {})
+                ours = key_function(chosen, arch, {})
                 ours(*sets[0], out)
                 ours_out = out.clone()
                 baseline(*sets[0], out)
@@ -137,7 +138,7 @@ def measure(
                 }
                 if m <= tactics_max_m:
                     row["tactics_us"] = {
-                        key.describe(): seconds_per_call(REGISTRY.resolve(key, arch, {}), sets, out)
+                        key.describe(): seconds_per_call(key_function(key, arch, {}), sets, out)
                         * 1e6
                         for key in built
                     }

@@ -24,8 +24,9 @@ import click
 from rich.progress import track
 
 from cute_aot.aot.compile_worker import compile_to_object
-from cute_aot.aot.pack import pack_bundle
-from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.core.atomic import atomic_write
+from cute_aot.artifacts.pack import pack_bundle
+from cute_aot.kernels import bundle_facts
 from cute_aot.kernels.router_gemm import RouterGemmKey, RouterProblem, enumerate_keys, family
 
 
@@ -61,7 +62,7 @@ def build_set(name: str, keys: list, arch: str, out: Path, jobs: int) -> None:
             "sha256": hashlib.sha256(data).hexdigest(),
             "size": len(data),
         }
-    _, bundle = pack_bundle(name, arch, rows)
+    _, bundle = pack_bundle(name, arch, rows, bundle_facts({key.FAMILY for key in rows}, arch))
     atomic_write(out / name / f"{name}-{arch}.cuteaot", bundle)
     keys_json = [{"symbol": k.symbol, "key_id": k.id, "fields": k.fields()} for k in keys]
     atomic_write(out / name / "keys.json", json.dumps(keys_json).encode())

@@ -35,7 +35,8 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
     from cute_aot.aot.tools.aot_tune.cli import operand_sets
     from cute_aot.kernels import family
     from cute_aot.kernels.tables import read_tables
-    from cute_aot.runtime import REGISTRY, load_bundles
+    from cute_aot.runtime import load_bundles
+    from cute_aot.runtime.resolution import key_function
 
     load_bundles(bundles)
     report = {"gpu": torch.cuda.get_device_name(), "rounds": ROUNDS, "families": {}}
@@ -61,7 +62,7 @@ def compare(bundles: str, tables_path: str, only: tuple[str, ...] = ()) -> dict:
                     rows.append({**row, "same_key": True, "speedup": 1.0})
                     continue
                 sets, out = operand_sets(found, problem)
-                calls = [found.bind(REGISTRY.resolve(key, arch, {}), problem) for key in keys]
+                calls = [found.bind(key_function(key, arch, {}), problem) for key in keys]
                 times = [[], []]
                 for _ in range(ROUNDS):
                     for side in (0, 1):

@@ -49,7 +49,7 @@ def main(m: int, n: int, k: int, out_path: Path) -> None:
         except Exception as exc:  # said in the result: the tuner let something through
             error = f"{type(exc).__name__}: {str(exc)[:300]}"
     stats = AutoTuner.get().stats
-    from cute_aot.runtime import virtual
+    from cute_aot.runtime.capture import virtual
 
     found = virtual.summary()
     result = {

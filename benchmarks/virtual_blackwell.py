@@ -92,7 +92,7 @@ def normalized_sass(fatbin: bytes) -> str:
 
 def device_code(family_name: str, key, arch: str) -> dict:
     from cute_aot.aot.binary_info import inspect_fatbin
-    from cute_aot.aot.compile_worker import export_object
+    from cute_aot.artifacts.export import export_object
     from cute_aot.artifacts.fatbin import object_fatbin
     from cute_aot.kernels import family
 

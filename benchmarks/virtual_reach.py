@@ -163,7 +163,7 @@ def record(out_path):
     import flashinfer
     import torch
 
-    from cute_aot.runtime import virtual
+    from cute_aot.runtime.capture import virtual
 
     folder = Path(os.environ["CUTE_AOT_RECORD"])  # a folder: this process's own file in it
     results, seen = [], 0

@@ -14,10 +14,10 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.artifacts.digest import file_source, source_digest
 from cute_aot.artifacts.digest import module_file as _module_file
 from cute_aot.artifacts.digest import module_source as _module_source  # tests patch it here
-from cute_aot.artifacts.errors import UnsupportedProblemError
 from cute_aot.kernels.contract import (
     CAPABILITIES,
     Adapter,
@@ -34,6 +34,7 @@ from cute_aot.kernels.contract import (
     capability,
     requirements,
 )
+from cute_aot.kernels.tables import BuildTables
 
 __all__ = [
     "CAPABILITIES",
@@ -52,6 +53,7 @@ __all__ = [
     "capability",
     "families",
     "family",
+    "bundle_facts",
     "family_facts",
     "foreign_facts",
     "forget_families",
@@ -59,6 +61,7 @@ __all__ = [
     "registered",
     "source_hash",
     "source_is_current",
+    "table_records",
 ]
 
 ENTRY_POINT_GROUP = "cute_aot.families"
@@ -274,6 +277,28 @@ def family_facts(name: str) -> dict:
     }
     if requirements(found):
         facts["foreign"] = foreign_facts(name)
+    return facts
+
+
+def table_records(names, arch: str, tables: BuildTables | None = None) -> dict[str, dict]:
+    """family -> the record of the table its keys for `arch` were enumerated with (`tables`,
+    else the family's default table; a family with neither has none)."""
+    records = {}
+    for name in sorted(names):
+        table = (tables or {}).get((name, arch)) or family(name).default_table(arch)
+        if table is not None:
+            records[name] = table.record()
+    return records
+
+
+def bundle_facts(names, arch: str, tables: dict[str, dict] | None = None) -> dict[str, dict]:
+    """family -> what a bundle of `arch` records of it (artifacts.pack): its facts, and the
+    record of the table its keys were enumerated with (`tables`: family -> record, see
+    table_records; None: the packages' own)."""
+    facts = {name: family_facts(name) for name in sorted(names)}
+    records = table_records(facts, arch) if tables is None else tables
+    for name, record in records.items():
+        facts[name]["table"] = record
     return facts
 
 

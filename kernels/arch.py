@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 
 # Architectures we build for. The 'a' variants use arch-specific instructions and run only on
 # exactly that compute capability.

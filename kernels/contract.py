@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.tables import Table

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cute_aot.artifacts.core.errors import TableError
 from cute_aot.artifacts.digest import TABLE_LENGTH, json_digest
-from cute_aot.artifacts.errors import TableError
 
 TABLE_FORMAT = 1
 
@@ -110,7 +110,7 @@ def read_tables(path: str | Path) -> list[Table]:
 
 def write_tables(path: str | Path, tables: list[Table]) -> None:
     """Write atomically (a reader never sees half a file)."""
-    from cute_aot.artifacts.atomic import atomic_write
+    from cute_aot.artifacts.core.atomic import atomic_write
 
     document = {"tables": [table.record() for table in tables]}
     atomic_write(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
@@ -138,3 +138,6 @@ def row_ranges(values: list[int]) -> list[list[int]]:
         else:
             runs.append([value, value])
     return runs
+
+
+BuildTables = dict[tuple[str, str], Table]  # (family, arch) -> the table keys were enumerated with

@@ -7,7 +7,8 @@ unless a kernel is missing and the mode allows compiling it.
                                         # `from cute_aot.runtime import <family>`
 
 Names are imported on first use, so tools that only read bundles (`aot-cache`, `aot-build`)
-do not pay for torch.
+do not pay for torch. Importing it activates nothing: recording and serving by the environment
+are the startup hook's (runtime/capture/activation.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _EXPORTS = {
     "counters": "cute_aot.runtime.policy",
     "REGISTRY": "cute_aot.runtime.registry",
     "load_bundles": "cute_aot.runtime.registry",
-    "StaleBundleError": "cute_aot.artifacts.errors",
+    "StaleBundleError": "cute_aot.artifacts.core.errors",
     "preload": "cute_aot.runtime.warmup",
     "preload_model": "cute_aot.runtime.warmup",
     "model_shapes": "cute_aot.runtime.warmup",
@@ -55,8 +56,3 @@ def __getattr__(name: str):
         value = op(name)  # a kernel family's op, made from its contract
     globals()[name] = value
     return value
-
-
-# CUTE_AOT_RECORD / CUTE_AOT_INTERCEPT / CUTE_AOT_REPORT: the installed startup hook has done
-# this already; it is done here too for a package that only sits on PYTHONPATH (no site dir).
-importlib.import_module("cute_aot.runtime.activation").activate()

@@ -1,4 +1,4 @@
-"""The one hook on `cute.compile`: recording calls (runtime/record.py) and serving recorded
+"""The one hook on `cute.compile`: recording calls (runtime/capture/record.py) and serving recorded
 kernels from bundles (`intercept()`), for every way a caller reaches it.
 
 `cute.compile` is a `CompileCallable` instance, called plainly or subscripted with options
@@ -24,15 +24,15 @@ import sys
 import threading
 import types
 
-from cute_aot.artifacts import settings
-from cute_aot.artifacts.errors import KernelNotFoundError
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.errors import KernelNotFoundError
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.kernels.arch import DSL_DEFAULT_ARCH
 from cute_aot.kernels.recorded import FAMILY, RecordedCallKey, hardware
 from cute_aot.kernels.recorded.calls import MARKS_ATTRIBUTE, NotRecreatable, describe_call
 from cute_aot.runtime import policy
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.epoch import Resolutions
-from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.registry import REGISTRY
 from cute_aot.runtime.serving import installed
 

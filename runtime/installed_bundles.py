@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cute_aot.artifacts.bundle import BUNDLE_ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
-from cute_aot.runtime.notices import warn_once
+from cute_aot.artifacts.core.notices import warn_once
 
 
 @dataclass(frozen=True)

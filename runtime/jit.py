@@ -10,8 +10,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from cute_aot.artifacts.atomic import scratch_folder
-from cute_aot.artifacts.errors import JitUnavailableError
+from cute_aot.artifacts.core.atomic import scratch_folder
+from cute_aot.artifacts.core.errors import JitUnavailableError
+from cute_aot.kernels import bundle_facts, family
 from cute_aot.runtime import overlay, policy
 
 _compile_lock = threading.Lock()
@@ -55,8 +56,6 @@ def _compile(key, arch: str, publish: bool) -> Callable:
             f"cannot JIT-compile {key.FAMILY} key {key.id} for {arch}: nvidia-cutlass-dsl is not "
             "installed (pip install 'cute-aot[build]')"
         )
-    from cute_aot.kernels import family
-
     with _compile_lock:
         compiled = family(key.FAMILY).compile(key, arch)
         compile_count += 1
@@ -69,12 +68,13 @@ def _publish(compiled, key, arch: str) -> None:
     """Export, link and publish as a one-kernel bundle. Any failure (an unwritable or full
     folder, an export or link error) only turns the overlay off: the compiled kernel serves."""
     try:
-        from cute_aot.aot.compile_worker import export_object
-        from cute_aot.aot.pack import pack_bundle
+        from cute_aot.artifacts.export import export_object
+        from cute_aot.artifacts.pack import pack_bundle
 
         with scratch_folder("cute-aot-jit") as scratch:
             row = export_object(compiled, key, scratch)
-            _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row}, sign=overlay.sign)
+            facts = bundle_facts({key.FAMILY}, arch)
+            _, bundle = pack_bundle(f"overlay-{key.id}", arch, {key: row}, facts, sign=overlay.sign)
         if overlay.publish(key, arch, bundle):
             published.append(key.id)
     except Exception as exc:

@@ -20,11 +20,11 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from cute_aot.artifacts import cache_layout, settings
-from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import SHA256_RE
-from cute_aot.artifacts.errors import BundleFormatError
-from cute_aot.runtime.notices import warn_once
+from cute_aot.artifacts.core import cache_layout, settings
+from cute_aot.artifacts.core.atomic import atomic_write
+from cute_aot.artifacts.core.errors import BundleFormatError
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.runtime.private_files import make_private_folder, open_private, read_private
 
 FACTS_SUFFIX = cache_layout.LIBS.marker

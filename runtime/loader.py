@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cute_aot.artifacts import settings, signing, toolchain
+from cute_aot.artifacts import signing, toolchain
 from cute_aot.artifacts.bundle import read_bundle, read_manifest
-from cute_aot.artifacts.elf import DynamicInfo, newest_glibc
-from cute_aot.artifacts.errors import (
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.errors import (
     DriverTooOldError,
     IncompatibleBundleError,
     KernelNotFoundError,
@@ -41,6 +41,8 @@ from cute_aot.artifacts.errors import (
     OtherArchError,
     SignatureError,
 )
+from cute_aot.artifacts.core.notices import warn_once
+from cute_aot.artifacts.elf import DynamicInfo, newest_glibc
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import (
     check_dynamic,
@@ -52,7 +54,6 @@ from cute_aot.artifacts.verify import (
 from cute_aot.kernels import installed_family
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.runtime import device, library_store, manifest_memo
-from cute_aot.runtime.notices import warn_once
 
 TVM_FFI_LIBRARY = "libtvm_ffi.so"
 ManifestCheck = Callable[[Path, Manifest], None]
@@ -86,7 +87,7 @@ class LoadedBundle:
         return self.manifest.arch
 
     def shape_dispatcher(self, num_inputs: int) -> Callable | None:
-        """A new, empty C table from input shapes to kernels (aot/shape_dispatch.c: the ops'
+        """A new, empty C table from input shapes to kernels (artifacts/shape_dispatch.c: the ops'
         hit path), or None for a library linked before it existed."""
         try:
             make = self.module[SHAPE_DISPATCH_FUNCTION]
@@ -455,7 +456,7 @@ def _load_c_abi_module(path: Path, fd: int):
     The DSL's loader takes a file name ending in .so, so a private link to /proc/self/fd/N
     names the verified library; the dynamic loader recognises the file as loaded already and
     hands back that copy, so nothing is read from the cache dir again."""
-    from cute_aot.artifacts.atomic import scratch_folder
+    from cute_aot.artifacts.core.atomic import scratch_folder
 
     try:
         from cutlass.cute.runtime import load_module

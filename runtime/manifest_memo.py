@@ -19,12 +19,12 @@ import marshal
 import re
 from typing import Any
 
-from cute_aot.artifacts import cache_layout, settings
-from cute_aot.artifacts.atomic import atomic_write
 from cute_aot.artifacts.bundle import MAX_MANIFEST_BYTES
+from cute_aot.artifacts.core import cache_layout, settings
+from cute_aot.artifacts.core.atomic import atomic_write
 from cute_aot.runtime.private_files import make_private_folder, read_private
 
-# The memo's area of the cache dir, declared with the others (artifacts/cache_layout.py).
+# The memo's area of the cache dir, declared with the others (artifacts/core/cache_layout.py).
 FOLDER = cache_layout.MANIFESTS.folder
 # marshal's format is the interpreter's: each keeps its own memos.
 SUFFIX = cache_layout.MEMO_SUFFIX

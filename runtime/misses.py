@@ -4,7 +4,7 @@
 (default: misses.jsonl in the cache dir). Each process records a key once (not once per shape
 or per resolution).
 
-A file is appended to with the one JSON-lines appender (artifacts/json_lines.py): past
+A file is appended to with the one JSON-lines appender (artifacts/core/json_lines.py): past
 MAX_LOG_BYTES it is rotated to `<log>.1` (one generation kept; the reader reads both); it is
 opened without following links and never blocks on a FIFO; a record that a full disk cut short
 is closed with a newline before the next one, so that only the torn record is lost.
@@ -23,10 +23,11 @@ import threading
 import time
 from pathlib import Path
 
-from cute_aot.artifacts import settings, toolchain, urls
-from cute_aot.artifacts.json_lines import append_line
+from cute_aot.artifacts import toolchain
+from cute_aot.artifacts.core import settings, urls
+from cute_aot.artifacts.core.json_lines import append_line
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.artifacts.miss_log import read_misses
-from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.process_files import host, is_prefix, process_file
 
 __all__ = ["miss_log_path", "read_misses", "record_miss"]

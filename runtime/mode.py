@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import threading
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 from cute_aot.runtime import epoch
 
 
@@ -31,7 +31,7 @@ _seen: list = [None]  # the mode last answered: a different answer moves the epo
 
 
 def parse_mode(value: str | Mode) -> Mode:
-    """A mode given by the API, read by CUTE_AOT_MODE's own grammar (artifacts/settings.py)."""
+    """A mode given by the API, read by CUTE_AOT_MODE's own grammar (artifacts/core/settings.py)."""
     if isinstance(value, Mode):
         return value
     return Mode(settings.MODE.parse(str(value), "mode"))
@@ -40,7 +40,7 @@ def parse_mode(value: str | Mode) -> Mode:
 def set_mode(mode: str | Mode | None) -> None:
     """Set the process-wide mode (None: back to CUTE_AOT_MODE, default auto); every op resolves
     its shapes again under it. The mode lives where every setting does: this sets CUTE_AOT_MODE
-    for the process (artifacts/settings.py)."""
+    for the process (artifacts/core/settings.py)."""
     parsed = None if mode is None else parse_mode(mode)
     with _lock:
         settings.set_in_process(settings.MODE.name, None if parsed is None else parsed.value)

@@ -5,7 +5,7 @@
     out = gemm(x, w)                   # arguments in the family's ABI order; or out=out
 
 The hit path of a call with `out=` is one TVM-FFI call into the C table of the bundle library
-(aot/shape_dispatch.c), which finds the kernel of the input shapes and calls it; otherwise one
+(artifacts/shape_dispatch.c), which finds the kernel of the input shapes and calls it; otherwise one
 dict lookup on the input shapes, then the kernel. The exported kernel checks dtypes, shapes,
 strides, alignment in C against what it was built for. Anything unusual (the
 first call of a shape, a refused argument, a kernel failure) takes the checked path, which
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
+from cute_aot.artifacts.core.errors import InputError, UnsupportedProblemError
 from cute_aot.kernels import Adapter, KernelFamily, TorchReference, capability, family, registered
 from cute_aot.kernels.contract import TensorArg, dispatch_with
-from cute_aot.runtime import epoch, policy
+from cute_aot.runtime import epoch, resolution
 from cute_aot.runtime.device import device_arch
 from cute_aot.runtime.registry import REGISTRY
 
@@ -53,7 +53,7 @@ class FamilyOp:
         self._device_state: tuple[dict, int] = ({}, -1)
         self._per_device: bool | None = None  # decided at the first call: CUDA is in use then
         self._lock = threading.Lock()
-        # The C hit path (aot/shape_dispatch.c, in bundle libraries): a call with `out=` whose
+        # The C hit path (artifacts/shape_dispatch.c, in bundle libraries): a call with `out=` whose
         # input shapes it holds is one TVM-FFI call, no Python shape reads. Only for families
         # whose kernels take the op's arguments as they are (no `bind` wrapper) and whose
         # shapes fit its keys.
@@ -170,17 +170,17 @@ class FamilyOp:
             table = REGISTRY.table(family_name, arch)  # the serving bundle's, or the package's
             return dispatch_with(self.family, problem, arch, table).key
 
-        resolution = policy.resolve(
+        resolved = resolution.resolve(
             family_name,
             arch,
             find_key,
             lambda: self.family.describe_problem(problem),
             self.reference_function if self.torch_reference is not None else None,
         )
-        function = resolution.function
-        if resolution.source != "reference":
+        function = resolved.function
+        if resolved.source != "reference":
             function = self.family.bind(function, problem)
-        return (function, tuple(self.family.output_shape(problem))), resolution.source
+        return (function, tuple(self.family.output_shape(problem))), resolved.source
 
     def preload(self, problem, device: int) -> None:
         """Resolve `problem` on `device` now and remember it for the hit path (warm-up)."""

@@ -18,12 +18,13 @@ import os
 import uuid
 from pathlib import Path
 
-from cute_aot.artifacts import cache_layout, settings, signing, toolchain
-from cute_aot.artifacts.atomic import publish_once
+from cute_aot.artifacts import signing, toolchain
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
+from cute_aot.artifacts.core import cache_layout, settings
+from cute_aot.artifacts.core.atomic import publish_once
+from cute_aot.artifacts.core.errors import BundleError, SignatureError
 from cute_aot.artifacts.digest import OVERLAY_LENGTH, SPACED, json_digest
-from cute_aot.artifacts.errors import BundleError, SignatureError
-from cute_aot.artifacts.fingerprints import packer_code_digest
+from cute_aot.artifacts.fingerprints import packer_identity
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import family_facts
 from cute_aot.runtime.private_files import private_file
@@ -43,7 +44,7 @@ def fingerprint(family: str) -> str:
         "toolchain": toolchain.fingerprint(),
         "family": family,
         "facts": family_facts(family),
-        "packer": packer_code_digest(),
+        "packer": packer_identity(),
         # Servers whose overlay keys differ do not trust each other's entries: separate folders,
         # so that they never set each other's entries aside.
         "signer": signer_key_id(),

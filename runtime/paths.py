@@ -15,7 +15,7 @@ def expand_bundle_paths(paths: list[Path]) -> list[Path]:
     (links to them too), since opening a FIFO someone left there would block its reader. One
     that is not a regular file is left out with the warning other unreadable bundles get, and so
     is a bundle name given that links to a folder."""
-    from cute_aot.runtime.notices import warn_once
+    from cute_aot.artifacts.core.notices import warn_once
 
     found = []
     for path in paths:

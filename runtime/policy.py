@@ -1,5 +1,5 @@
-"""The one fallback policy: which source serves a kernel, in which order, and which failures mean
-"try the next one".
+"""The one fallback policy, as pure decisions: which source serves a kernel, in which order, and
+which failures mean "try the next one". runtime/resolution.py walks the ladder these decide.
 
     mode auto:  bundle -> overlay cache -> JIT (published to the overlay) -> torch reference
     mode aot:   bundle; a miss or a failure raises, naming the family, key, architecture and files
@@ -27,18 +27,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, NamedTuple
 
-from cute_aot.artifacts.errors import (
-    JitUnavailableError,
-    KernelNotFoundError,
-    UnsupportedProblemError,
-)
-from cute_aot.runtime.misses import record_miss
+from cute_aot.artifacts.core.errors import KernelNotFoundError
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.runtime.mode import Mode, current_mode, parse_mode
-from cute_aot.runtime.notices import warn_once
-from cute_aot.runtime.registry import REGISTRY
 
 HIT = "hits"  # served from a bundle or the overlay
 MISS = "misses"  # no prebuilt kernel: compiled here (or by the served library)
@@ -158,6 +150,12 @@ def bypassed(mode: str | Mode | None = None) -> bool:
     return (current_mode() if mode is None else decided_mode(mode)) is Mode.JIT
 
 
+def falls_back(mode: str | Mode | None = None) -> bool:
+    """Whether a problem no kernel can serve falls to the next step (mode auto: a torch
+    reference) instead of raising. `mode`: for that mode instead of the current one."""
+    return decided_mode(mode) is Mode.AUTO
+
+
 def prebuilt_only(mode: str | Mode | None = None) -> bool:
     """Whether only prebuilt kernels may serve (mode aot): a miss, a kernel that fails and a
     bundle that cannot be loaded raise instead of falling to the next step. `mode`: for that
@@ -174,123 +172,14 @@ def unservable(family: str, key_id: str, arch: str, why: str, subject: tuple, me
     warn_once(subject, message)
 
 
-class Resolution(NamedTuple):  # a tuple: made on every served call's first use
-    function: Callable | None  # None: the served library compiles it itself
-    source: str  # "bundle" | "overlay" | "jit" | "reference" | "library"
-
-
 def degrade(family: str, subject: tuple, message: str) -> None:
     """A step failed and the next one serves: counted, and said once per subject."""
     count(family, DEGRADED)
     warn_once(("degraded", family, *subject), message)
 
 
-def _failure(exc: BaseException) -> str:
+def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def resolve(
-    family: str,
-    arch: str,
-    find_key: Callable[[], Any],
-    details: Callable[[], dict] | None = None,
-    reference: Callable[[], Callable] | None = None,
-    serves_library: str | None = None,
-) -> Resolution:
-    """The function serving one problem on `arch`.
-
-    `find_key()` gives the problem's key (UnsupportedProblemError: no kernel of the family serves
-    it); `details()` describes the problem for messages and the miss log; `reference()` gives
-    the torch fallback (None: there is none); `serves_library`: the family serves that library's
-    function, whose own compile is the step after the bundle.
-    """
-    mode = current_mode()
-    try:
-        key = find_key()
-    except UnsupportedProblemError as exc:
-        if mode is not Mode.AUTO or reference is None:
-            raise
-        degrade(family, (arch, str(exc)), f"{exc}; {family} runs its torch reference instead")
-        return Resolution(reference(), "reference")
-
-    if bypassed(mode):
-        count(family, BYPASS)
-        if serves_library is not None:
-            return Resolution(None, "library")
-        from cute_aot.runtime import jit  # (it imports this module)
-
-        return Resolution(jit.compiled_function(key, arch, publish=False), "jit")
-
-    try:
-        function = REGISTRY.bundle_function(key.FAMILY, key.id, arch, key)
-    except Exception as exc:  # a damaged entry, a library that cannot be read: next step
-        if prebuilt_only(mode):
-            raise
-        function = None
-        degrade(
-            family,
-            ("bundle", arch, key.id),
-            f"bundle kernel {key.id} of {family} for {arch} is unusable ({_failure(exc)}); "
-            "falling back",
-        )
-    if function is not None:
-        count(family, HIT)
-        return Resolution(function, "bundle")
-    if prebuilt_only(mode):
-        raise REGISTRY.not_found(key, arch)
-
-    problem = details() if details is not None else {}
-    if serves_library is not None:
-        count(family, MISS)
-        record_miss(key, arch, problem)
-        warn_once(
-            ("library-compiles", arch, key.id),
-            f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
-            f"{key.id}); {serves_library} compiles it itself; recording the miss",
-        )
-        return Resolution(None, "library")
-
-    try:
-        function = REGISTRY.overlay_function(key, arch)
-    except Exception as exc:  # an unwritable, full or damaged overlay folder: compile instead
-        function = None
-        degrade(
-            family,
-            ("overlay", arch),
-            f"overlay cache unusable for {family} on {arch} ({_failure(exc)}); compiling instead",
-        )
-    if function is not None:
-        count(family, HIT)
-        return Resolution(function, "overlay")
-
-    count(family, MISS)
-    record_miss(key, arch, problem)
-    from cute_aot.runtime import jit
-
-    what = "compiling it now (JIT)" if jit.jit_available() else "JIT is not installed"
-    warn_once(
-        ("miss", arch, key.id),
-        f"no prebuilt {family} kernel for {problem or key.describe()} on {arch} (key "
-        f"{key.id}); {what}; recording the miss",
-    )
-    try:
-        return Resolution(jit.compiled_function(key, arch, publish=True), "jit")
-    except Exception as exc:  # no compiler, a broken cutlass-dsl, a compile error
-        failure = (
-            exc
-            if isinstance(exc, JitUnavailableError)
-            else JitUnavailableError(
-                f"JIT of {family} key {key.id} for {arch} failed: {_failure(exc)}"
-            )
-        )
-        if reference is None:
-            raise failure from (None if failure is exc else exc)
-        degrade(
-            family,
-            ("jit", arch, str(failure)),
-            f"{failure}; {family} runs its torch reference instead",
-        )
-        return Resolution(reference(), "reference")
 
 
 __all__ = [
@@ -307,19 +196,19 @@ __all__ = [
     "RAISE",
     "STALE",
     "UNREACHABLE",
-    "Resolution",
     "bypassed",
     "count",
     "count_target",
     "counters",
     "decided_mode",
     "degrade",
+    "failure",
+    "falls_back",
     "family_count",
     "on_load_failure",
     "prebuilt_only",
     "reset_counters",
     "reset_targets",
-    "resolve",
     "targets",
     "unservable",
 ]

@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from cute_aot.runtime.notices import warn_once
+from cute_aot.artifacts.core.notices import warn_once
 
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 

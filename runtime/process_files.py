@@ -5,7 +5,7 @@ A process's file is `<prefix>/<host>-<pid>-<UTC time of its first line><suffix>`
 CUTE_AOT_HOST, else the host name): no two processes ever write one file (NFS appends
 interleave, object stores cannot append). `add()` only puts a line in memory; a daemon thread
 writes the process's whole file, replacing its last version, at most every FLUSH_INTERVAL_S,
-and once more when the process exits or is terminated (runtime/at_exit.py), waiting at most
+and once more when the process exits or is terminated (artifacts/core/at_exit.py), waiting at most
 EXIT_FLUSH_S. A store that fails is one warning and a retry at the next interval: a line is
 late, never a slow or failed call.
 """
@@ -17,11 +17,11 @@ import re
 import threading
 import time
 
-from cute_aot.artifacts import settings, urls
-from cute_aot.artifacts.atomic import atomic_write
-from cute_aot.artifacts.json_lines import MAX_LOG_BYTES
-from cute_aot.runtime.at_exit import on_exit
-from cute_aot.runtime.notices import warn_once
+from cute_aot.artifacts.core import settings, urls
+from cute_aot.artifacts.core.at_exit import on_exit
+from cute_aot.artifacts.core.atomic import atomic_write
+from cute_aot.artifacts.core.json_lines import MAX_LOG_BYTES
+from cute_aot.artifacts.core.notices import warn_once
 
 __all__ = ["ProcessFile", "discard", "host", "is_prefix", "process_file"]
 

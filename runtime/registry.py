@@ -3,8 +3,8 @@ table a family uses, and the overlay's entries.
 
 Loading (explicit sources, then what runtime/sources.py finds: CUTE_AOT_BUNDLES and installed
 bundle wheels) and staleness live here; which source serves a problem, and whether a bundle that
-cannot be loaded raises or falls back, is runtime/policy.py's one decision (imported where a
-failure is handled: policy imports this module). Every change moves the resolution epoch.
+cannot be loaded raises or falls back, is runtime/policy.py's one decision; the ladder a call
+walks is runtime/resolution.py. Every change moves the resolution epoch.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cute_aot.artifacts import toolchain
-from cute_aot.artifacts.errors import (
+from cute_aot.artifacts.core.errors import (
     BundleError,
     IncompatibleBundleError,
     KernelNotFoundError,
@@ -26,14 +26,14 @@ from cute_aot.artifacts.errors import (
     StaleBundleError,
     TableError,
 )
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels import foreign_facts, installed_family, source_is_current
 from cute_aot.kernels.contract import requirements
 from cute_aot.kernels.tables import Table
-from cute_aot.runtime import epoch, overlay, paths, sources
+from cute_aot.runtime import epoch, overlay, paths, policy, sources
 from cute_aot.runtime.device import current_gpu_arch
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
-from cute_aot.runtime.notices import warn_once
 
 __all__ = ["REGISTRY", "Registry", "StaleBundleError", "load_bundles", "stale_reasons"]
 
@@ -186,8 +186,6 @@ class Registry:
                 if f"{path}: {reason}" not in said:
                     said.append(f"{path}: {reason}")
         summary = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
-        from cute_aot.runtime import policy
-
         if policy.on_load_failure(policy.STALE) == policy.RAISE:
             raise StaleBundleError(path, f"stale ({summary})")
         for name, reason in reasons.items():
@@ -205,14 +203,10 @@ class Registry:
         try:
             return open_bundle(path, gpu_arch, accept=self._refuse_stale)
         except StaleBundleError:
-            from cute_aot.runtime import policy
-
             if policy.on_load_failure(policy.STALE) == policy.RAISE:
                 raise
             return None  # warned once per family by _refuse_stale; its kernels fall back
         except (BundleError, KeyFileError) as exc:
-            from cute_aot.runtime import policy
-
             kind = policy.OTHER_ARCH if isinstance(exc, OtherArchError) else policy.DAMAGED
             action = policy.on_load_failure(kind, named=not skip_bad, in_folder=in_folder)
             if action == policy.RAISE:
@@ -253,8 +247,6 @@ class Registry:
                     raise FileNotFoundError(errno.ENOENT, "no such file or folder", source)
             self._load(found, None, skip_bad_files=True)
         except OSError as exc:
-            from cute_aot.runtime import policy
-
             kind = policy.ABSENT if isinstance(exc, FileNotFoundError) else policy.UNREACHABLE
             if policy.on_load_failure(kind) == policy.RAISE:
                 raise
@@ -266,8 +258,6 @@ class Registry:
             self._env_failed[source] = time.monotonic() + ENV_RETRY_SECONDS
             return
         except (BundleError, KeyFileError) as exc:  # a bad bundle at a URL: not a retry
-            from cute_aot.runtime import policy
-
             if policy.on_load_failure(policy.DAMAGED) == policy.RAISE:
                 raise
             warn_once(
@@ -354,13 +344,6 @@ class Registry:
                 return None
             self.overlay_bundles[slot] = bundle
         return bundle.function(key.id)
-
-    def resolve(self, key, arch: str, problem: dict | None = None) -> Callable:
-        """The function serving `key` on `arch`, by the fallback policy (runtime/policy.py);
-        no torch reference here: a miss that cannot be compiled raises JitUnavailableError."""
-        from cute_aot.runtime import policy
-
-        return policy.resolve(key.FAMILY, arch, lambda: key, lambda: problem or {}).function
 
     def not_found(self, key, arch: str) -> KernelNotFoundError:
         """Mode aot's error for a key no loaded bundle holds: what was searched, what was stale."""

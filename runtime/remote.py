@@ -35,14 +35,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from cute_aot.artifacts import cache_layout, settings, signing, urls
-from cute_aot.artifacts.atomic import (
-    Claimed,
-    atomic_write,
-    claimed,
-    remove_dead_leftovers,
-    temporary_name,
-)
+from cute_aot.artifacts import signing
 from cute_aot.artifacts.bundle import (
     BUNDLE_SUFFIX,
     SHA256_RE,
@@ -50,11 +43,20 @@ from cute_aot.artifacts.bundle import (
     read_manifest,
     sha256_file,
 )
-from cute_aot.artifacts.errors import BundleError, CuteAotError, SignatureError
+from cute_aot.artifacts.core import cache_layout, settings, urls
+from cute_aot.artifacts.core.atomic import (
+    Claimed,
+    atomic_write,
+    claimed,
+    remove_dead_leftovers,
+    temporary_name,
+)
+from cute_aot.artifacts.core.errors import BundleError, CuteAotError, SignatureError
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.runtime import policy
 from cute_aot.runtime.loader import check_trust
-from cute_aot.runtime.notices import warn_once
+from cute_aot.runtime.paths import expand_bundle_paths
 
 LOCK_WAIT = 600.0  # another process's download of a large bundle over a slow link
 # Older than any fetch: a holder on another machine sharing the cache dir (NFS) that died.
@@ -339,8 +341,6 @@ def push(sources: list[str | os.PathLike], url: str) -> list[Pushed]:
     """Upload bundle files, and the bundles of folders, under the folder or prefix `url`, each
     verified first: a damaged bundle is never published. An object store replaces an object
     atomically; elsewhere each goes up under a temporary name and is then renamed into place."""
-    from cute_aot.runtime.paths import expand_bundle_paths
-
     files = expand_bundle_paths([Path(source) for source in sources])
     if not files:
         raise CuteAotError(f"no bundle files in {', '.join(map(str, sources))}")

@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.kernels import Adapter, KernelFamily, Patch, capability, families
-from cute_aot.runtime import policy
+from cute_aot.runtime import policy, resolution
 from cute_aot.runtime.epoch import Resolutions
-from cute_aot.runtime.notices import warn_once
 
 __all__ = ["Serving", "install", "installed", "uninstall"]
 
@@ -52,7 +52,7 @@ class Serving:
         Mode aot raises KernelNotFoundError on a miss. `problem`, or a function giving it: what
         a miss records (a hit never asks)."""
         details = problem if callable(problem) else (lambda: problem or {})
-        return policy.resolve(
+        return resolution.resolve(
             key.FAMILY, arch, lambda: key, details, serves_library=self.family.serves
         ).function
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cute_aot.artifacts import settings
-from cute_aot.artifacts.urls import is_url, local_path
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.urls import is_url, local_path
+from cute_aot.runtime.remote import fetch
 
 __all__ = ["environment_sources", "is_url", "local_paths"]
 
@@ -32,6 +33,4 @@ def local_paths(source: str) -> list[Path]:
     path = local_path(source)
     if path is not None:
         return [path]
-    from cute_aot.runtime.remote import fetch
-
     return fetch(source)

@@ -4,7 +4,7 @@ import tempfile
 
 import pytest
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 
 
 def pytest_configure(config):
@@ -107,9 +107,9 @@ def child_env(**extra: str) -> dict[str, str]:
 def fresh_runtime(tmp_path, settings_scope):
     """A clean process-wide runtime with its own cache dir and miss log (in this process: a
     child that must share them gets `child_env()`)."""
+    from cute_aot.artifacts.core.notices import forget
     from cute_aot.runtime import REGISTRY, jit, policy, set_mode
     from cute_aot.runtime.misses import forget_recorded
-    from cute_aot.runtime.notices import forget
 
     settings_scope(
         CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"),

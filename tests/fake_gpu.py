@@ -13,7 +13,7 @@ fallback policy) run unmodified against it, so a test never patches them out:
   tensor; ops on `OnGpu` tensors give `OnGpu` results; kernels and the torch reference compute
   real values, and TVM-FFI sees the CPU tensor underneath.
 
-Unlike the virtual device (runtime/virtual/, CUTE_AOT_VIRTUAL), which fakes CUDA for a whole
+Unlike the virtual device (runtime/capture/virtual/, CUTE_AOT_VIRTUAL), which fakes CUDA for a whole
 process for good and holds no values, this is undone when the test ends and keeps values, so
 tests can assert on what a kernel or the reference computed.
 """
@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from cute_aot.kernels import gpu_profiles
 from cute_aot.runtime import device
-from cute_aot.runtime.virtual.torch_device import DeviceProperties
+from cute_aot.runtime.capture.virtual.torch_device import DeviceProperties
 
 GPU = 0  # the fake GPU's device index, as OnGpu.get_device() reports it
 _CUDA = torch.device("cuda", GPU)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 
 REPO = Path(__file__).resolve().parents[1]
-STARTUP = REPO / "runtime" / "cute-aot-startup.pth"
+STARTUP = REPO / "runtime" / "capture" / "cute-aot-startup.pth"
 
 
 def _env(tmp_path, **extra) -> dict:

@@ -1,4 +1,4 @@
-"""runtime/at_exit.py: a process's exit hooks run once, whether it exits or is sent SIGTERM,
+"""artifacts/core/at_exit.py: a process's exit hooks run once, whether it exits or is sent SIGTERM,
 even when the signal reaches another thread while the main thread waits in C (a pool worker
 waiting for a queue lock that a worker killed before it holds), and a forked child's SIGTERM
 is the child's alone. Each case is a real process, really signalled."""
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROLOGUE = """
 import multiprocessing, os, signal, sys, threading, time
-from cute_aot.runtime.at_exit import on_exit
+from cute_aot.artifacts.core.at_exit import on_exit
 out = sys.argv[1]
 on_exit(lambda: open(out, "a").write(f"hooks of {os.getpid()}\\n"))
 """

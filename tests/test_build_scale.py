@@ -28,7 +28,7 @@ from cute_aot.aot.report import report_path
 from cute_aot.aot.reproducible import check_reproducible
 from cute_aot.aot.shard import Shard
 from cute_aot.artifacts.bundle import read_bundle
-from cute_aot.artifacts.errors import (
+from cute_aot.artifacts.core.errors import (
     BuildError,
     ModelConfigError,
     NotReproducibleError,
@@ -380,7 +380,7 @@ def test_cache_digest_changes_with_what_changes_the_object(tmp_path):
 
 
 def test_default_cache_root_follows_the_runtime_cache_dir(monkeypatch, settings_scope, tmp_path):
-    from cute_aot.artifacts.settings import cache_dir
+    from cute_aot.artifacts.core.settings import cache_dir
 
     settings_scope(CUTE_AOT_CACHE_DIR=None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # another program's variable

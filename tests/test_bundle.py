@@ -5,11 +5,7 @@ import pytest
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import MAGIC, parse_manifest, read_bundle, read_manifest
 from cute_aot.artifacts.bundle_writer import write_bundle
-from cute_aot.artifacts.errors import (
-    BundleFormatError,
-    BundleIntegrityError,
-    CuteAotError,
-)
+from cute_aot.artifacts.core.errors import BundleFormatError, BundleIntegrityError, CuteAotError
 from cute_aot.artifacts.manifest import FORMAT_VERSION, Entry, Manifest
 from cute_aot.kernels.router_gemm import RouterGemmKey
 

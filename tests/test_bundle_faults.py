@@ -27,7 +27,7 @@ from cute_aot.aot.tools.aot_cache.cli import main
 from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.bundle_writer import container
-from cute_aot.artifacts.errors import BundleIntegrityError
+from cute_aot.artifacts.core.errors import BundleIntegrityError
 from cute_aot.runtime import REGISTRY, load_bundles
 from cute_aot.runtime.paths import expand_bundle_paths
 
@@ -119,7 +119,7 @@ def over_ratio_floor(size: int) -> int:
 READ_AND_MEASURE = """
     import json, resource, sys
     from cute_aot.artifacts.bundle import read_bundle, read_manifest
-    from cute_aot.artifacts.errors import BundleError
+    from cute_aot.artifacts.core.errors import BundleError
 
     def status(field):
         with open("/proc/self/status") as lines:
@@ -180,7 +180,7 @@ def test_load_bundles_skips_a_fifo_in_a_folder_and_refuses_one_named(folder_with
     done = run_python(
         """
         import sys
-        from cute_aot.artifacts.errors import BundleFormatError
+        from cute_aot.artifacts.core.errors import BundleFormatError
         from cute_aot.runtime import load_bundles
         print([b.path.name for b in load_bundles(sys.argv[1], gpu_arch="sm_90a")])
         try:
@@ -333,7 +333,7 @@ def test_load_bundles_refuses_a_truncated_bundle_whose_library_is_cached(
     done = run_python(
         """
         import sys
-        from cute_aot.artifacts.errors import BundleIntegrityError
+        from cute_aot.artifacts.core.errors import BundleIntegrityError
         from cute_aot.runtime import load_bundles
         try:
             load_bundles(sys.argv[1], gpu_arch="sm_90a")

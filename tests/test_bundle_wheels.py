@@ -30,9 +30,9 @@ from cute_aot.aot.cli import main as aot_build
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts import PACKAGE_VERSION, signing
 from cute_aot.artifacts.bundle import read_bundle
+from cute_aot.artifacts.core.notices import forget
 from cute_aot.artifacts.elf import DynamicInfo, read_dynamic
 from cute_aot.runtime import installed_bundles, sources
-from cute_aot.runtime.notices import forget
 from tests.conftest import ARCHS
 from tests.stubs import stub_compile
 

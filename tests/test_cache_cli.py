@@ -23,8 +23,8 @@ from cute_aot.aot.tools.aot_cache.facts import gc as overlay_gc
 from cute_aot.artifacts import fatbin as fatbin_format
 from cute_aot.artifacts.bundle import parse_manifest, read_bundle, read_manifest
 from cute_aot.artifacts.bundle_writer import encode_bundle
+from cute_aot.artifacts.core.errors import BinaryInspectionError, ElfError, ToolNotFoundError
 from cute_aot.artifacts.elf import read_dynamic, read_sections
-from cute_aot.artifacts.errors import BinaryInspectionError, ElfError, ToolNotFoundError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.kernels import Dispatch, KernelFamily, TensorArg, families, family
 from cute_aot.kernels.contract import parse_ints
@@ -960,7 +960,7 @@ def test_ls_of_a_file_that_is_not_a_bundle_says_why_on_stderr_in_one_line(tmp_pa
 
 
 def test_a_fifo_named_like_a_bundle_in_a_folder_is_skipped_with_a_warning(tmp_path):
-    from cute_aot.runtime import notices
+    from cute_aot.artifacts.core import notices
 
     notices.forget()
     os.mkfifo(tmp_path / "pipe.cuteaot")

@@ -1,11 +1,11 @@
-"""The cache dir's areas are declared once (artifacts/cache_layout.py) and the modules and tools
-that use them take their names from there."""
+"""The cache dir's areas are declared once (artifacts/core/cache_layout.py) and the modules and
+tools that use them take their names from there."""
 
 from __future__ import annotations
 
 from cute_aot.aot.tools.aot_cache.facts import gc
-from cute_aot.artifacts import cache_layout
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX
+from cute_aot.artifacts.core import cache_layout
 from cute_aot.runtime import library_store, manifest_memo, overlay
 
 

@@ -26,7 +26,7 @@ from cute_aot.aot.build_cache import BuildCache
 from cute_aot.artifacts import signing
 from cute_aot.artifacts.bundle import read_manifest
 from cute_aot.artifacts.bundle_writer import rewrite_manifest
-from cute_aot.artifacts.errors import SignatureError
+from cute_aot.artifacts.core.errors import SignatureError
 from tests.test_build_scale import COMPILE_LOG_ENV, PLAN, bundle_bytes, fake_build, fake_compile
 
 TOTAL_KEYS = sum(map(len, PLAN.values()))

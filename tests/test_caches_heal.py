@@ -10,9 +10,10 @@ import textwrap
 import pytest
 
 from cute_aot import kernels
-from cute_aot.artifacts.atomic import publish_once
+from cute_aot.artifacts.core.atomic import publish_once
 from cute_aot.kernels import family
-from cute_aot.runtime import REGISTRY, jit, overlay
+from cute_aot.runtime import jit, overlay
+from cute_aot.runtime.resolution import key_function
 
 ARCH = "sm_90a"
 ROUTER = family("router_gemm")
@@ -32,11 +33,13 @@ def _overlay_entry(key, scratch) -> bytes:
     """A real overlay entry of `key`, made as the JIT makes one (runtime/jit.py): its object (a
     stub from the system C compiler, tests/stubs.py) linked, packed and signed with the overlay
     key, so it passes every check of the overlay's verification."""
-    from cute_aot.aot.pack import pack_bundle
+    from cute_aot.artifacts.pack import pack_bundle
+    from cute_aot.kernels import bundle_facts
     from tests.stubs import stub_compile
 
     row = stub_compile(key.FAMILY, key.fields(), ARCH, str(scratch))
-    _, data = pack_bundle(f"overlay-{key.id}", ARCH, {key: row}, sign=overlay.sign)
+    facts = bundle_facts({key.FAMILY}, ARCH)
+    _, data = pack_bundle(f"overlay-{key.id}", ARCH, {key: row}, facts, sign=overlay.sign)
     return data
 
 
@@ -70,21 +73,21 @@ def test_overlay_fingerprint_covers_what_changes_the_bytes(fresh_runtime, monkey
         monkeypatch.setattr(overlay, "family_facts", lambda name, changed=changed: changed)
         assert overlay.fingerprint("router_gemm") != base
     monkeypatch.undo()
-    monkeypatch.setattr(overlay, "packer_code_digest", lambda: "other packer or format version")
+    monkeypatch.setattr(overlay, "packer_identity", lambda: "other packer or format version")
     assert overlay.fingerprint("router_gemm") != base
 
 
-def test_packer_digest_changes_with_the_format_version(monkeypatch):
-    from cute_aot.artifacts import fingerprints
+def test_the_packer_identity_moves_with_the_format_and_the_packer_version():
+    from cute_aot.artifacts.fingerprints import PACKER_VERSION, packer_identity
+    from cute_aot.artifacts.manifest import FORMAT_VERSION
 
-    fingerprints.packer_code_digest.cache_clear()
-    base = fingerprints.packer_code_digest()
-    monkeypatch.setattr(fingerprints, "FORMAT_VERSION", 99)
-    fingerprints.packer_code_digest.cache_clear()
-    try:
-        assert fingerprints.packer_code_digest() != base
-    finally:
-        fingerprints.packer_code_digest.cache_clear()
+    identities = {
+        packer_identity(),
+        packer_identity(FORMAT_VERSION + 1, PACKER_VERSION),
+        packer_identity(FORMAT_VERSION, PACKER_VERSION + 1),
+    }
+    assert len(identities) == 3
+    assert packer_identity() == packer_identity(FORMAT_VERSION, PACKER_VERSION)
 
 
 def _source_hash_with(monkeypatch, module, suffix=b"\n# changed\n"):
@@ -132,7 +135,7 @@ def test_a_damaged_overlay_entry_is_replaced_and_used_by_the_next_process(fresh_
     publish_once(path, b"damaged")
     before = jit.compile_count
     with pytest.warns(RuntimeWarning, match="ignoring overlay entry.*set aside"):
-        REGISTRY.resolve(MISS_KEY, ARCH, {"m": 1, "k": 2880, "n": 128})
+        key_function(MISS_KEY, ARCH, {"m": 1, "k": 2880, "n": 128})
     assert jit.compile_count == before + 1
     assert path.read_bytes() != b"damaged" and path.read_bytes().startswith(b"CUTEAOT")
     script = textwrap.dedent(
@@ -140,9 +143,10 @@ def test_a_damaged_overlay_entry_is_replaced_and_used_by_the_next_process(fresh_
         import json, sys
         from cute_aot.kernels import family
         from cute_aot.runtime import REGISTRY, jit
+        from cute_aot.runtime.resolution import key_function
         router = family("router_gemm")
         key = router.dispatch(router.parse_problem("1,128,2880"), "{ARCH}").key
-        function = REGISTRY.resolve(key, "{ARCH}")
+        function = key_function(key, "{ARCH}")
         print(json.dumps({{"compiles": jit.compile_count, "type": type(function).__name__,
                            "cutlass": any(m.split(".")[0] == "cutlass" for m in sys.modules)}}))
         """
@@ -182,7 +186,7 @@ def test_overlay_entries_are_signed_with_a_private_per_user_key(fresh_runtime):
 def test_unsigned_overlay_entries_need_a_private_folder_and_no_signature_policy(
     fresh_runtime, settings_scope
 ):
-    from cute_aot.artifacts.errors import SignatureError
+    from cute_aot.artifacts.core.errors import SignatureError
 
     path, manifest = _entry(fresh_runtime, sign=False)
     assert overlay.check_trust(path, manifest) is None  # only this user could have written it
@@ -196,7 +200,7 @@ def test_unsigned_overlay_entries_need_a_private_folder_and_no_signature_policy(
 
 
 def test_an_overlay_entry_signed_by_another_key_is_refused(fresh_runtime, settings_scope, tmp_path):
-    from cute_aot.artifacts.errors import SignatureError
+    from cute_aot.artifacts.core.errors import SignatureError
 
     path, manifest = _entry(fresh_runtime, sign=True)
     settings_scope(CUTE_AOT_OVERLAY_KEY=str(tmp_path / "another-hosts-key.pem"))

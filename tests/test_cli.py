@@ -18,7 +18,7 @@ import cute_aot.kernels as kernels
 from cute_aot.aot.build import BuildPlan
 from cute_aot.aot.cli import main, parse_shape_option
 from cute_aot.aot.models import preset, shapes_for_models
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 from cute_aot.kernels import Dispatch, KernelFamily, TensorArg, family
 from cute_aot.kernels.keys import KernelKey
 

@@ -1,6 +1,6 @@
 import pytest
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.router_gemm import (
     DEFAULT_SHAPES,
     default_table,

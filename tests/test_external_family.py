@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
+from cute_aot.artifacts.core.errors import InputError, UnsupportedProblemError
 from cute_aot.kernels import (
     ENTRY_POINT_GROUP,
     KernelFamily,

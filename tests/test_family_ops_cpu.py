@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from cute_aot.artifacts.errors import InputError, JitUnavailableError
+from cute_aot.artifacts.core.errors import InputError, JitUnavailableError
 from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, ops, set_mode
 from cute_aot.runtime.loader import LoadedBundle

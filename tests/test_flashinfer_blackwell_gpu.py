@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cute_aot.artifacts.bundle import read_manifest
-from cute_aot.artifacts.errors import IncompatibleBundleError
+from cute_aot.artifacts.core.errors import IncompatibleBundleError
 
 BLACKWELL_FAMILIES = {"flashinfer_mxfp8_gemm", "flashinfer_tgv_gemm"}
 

@@ -32,7 +32,7 @@ from flashinfer.gdn_decode import gated_delta_rule_decode  # noqa: E402
 from flashinfer.gdn_kernels import gdn_decode_nontranspose as flashinfer_gdn  # noqa: E402
 from flashinfer.gdn_kernels.device_target import GdnDeviceTarget  # noqa: E402
 
-from cute_aot.artifacts.errors import KernelNotFoundError, UnsupportedProblemError  # noqa: E402
+from cute_aot.artifacts.core.errors import KernelNotFoundError, UnsupportedProblemError  # noqa: E402
 from cute_aot.kernels import family_facts  # noqa: E402
 from cute_aot.kernels.flashinfer.gdn_decode import (  # noqa: E402
     CACHE_FUNCTION,

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import torch
 
-from cute_aot.artifacts.errors import KernelNotFoundError, UnsupportedProblemError
+from cute_aot.artifacts.core.errors import KernelNotFoundError, UnsupportedProblemError
 from cute_aot.kernels.flashinfer import mxfp8_gemm as mx
 from cute_aot.kernels.flashinfer.profiles import build_profiles, profile
 

@@ -35,7 +35,7 @@ import flashinfer.utils as flashinfer_utils  # noqa: E402
 from flashinfer.gemm import gemm_base  # noqa: E402
 from flashinfer.gemm.kernels import tgv_gemm_cute_ext as flashinfer_tgv  # noqa: E402
 
-from cute_aot.artifacts.errors import KernelNotFoundError, UnsupportedProblemError  # noqa: E402
+from cute_aot.artifacts.core.errors import KernelNotFoundError, UnsupportedProblemError  # noqa: E402
 from cute_aot.kernels.flashinfer.tgv_gemm import (  # noqa: E402
     CTA_K,
     DEFAULT_TACTIC,
@@ -618,7 +618,7 @@ WORKER = textwrap.dedent(
     import flashinfer, flashinfer.utils as flashinfer_utils
     from flashinfer.gemm import gemm_base
     from flashinfer.gemm.kernels import tgv_gemm_cute_ext as flashinfer_tgv
-    from cute_aot.artifacts.errors import KernelNotFoundError
+    from cute_aot.artifacts.core.errors import KernelNotFoundError
     from cute_aot.kernels.flashinfer.tgv_gemm import TgvProblem, family
     from cute_aot.runtime import flashinfer as serve_flashinfer, load_bundles
     from cute_aot.runtime.loader import LoadedBundle

@@ -173,7 +173,7 @@ def test_two_hosts_misses_reach_the_release_build(fleet_prefix, stub_bundles):
 
 
 def _listing(prefix: str) -> list[str]:
-    from cute_aot.artifacts import urls
+    from cute_aot.artifacts.core import urls
 
     fs, root = urls.filesystem(prefix)
     return sorted(path.rsplit("/", 1)[-1] for path in fs.find(root))  # temporaries included

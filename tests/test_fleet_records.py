@@ -85,7 +85,7 @@ def test_a_call_recorded_on_gpus_that_answer_differently_is_one_kernel_per_answe
 
 
 def test_one_shared_file_keeps_each_answer_once(tmp_path):
-    from cute_aot.runtime.record import Recorder, _subject
+    from cute_aot.runtime.capture.record import Recorder, _subject
 
     shared = tmp_path / "calls.jsonl"
     for device in (H200, H100_PCIE, H200, None):  # recorders of processes on two GPUs, one file
@@ -99,7 +99,8 @@ def test_one_shared_file_keeps_each_answer_once(tmp_path):
 
 _WORKER = """
 import sys, time
-from cute_aot.runtime import compile_hook, record
+from cute_aot.runtime import compile_hook
+from cute_aot.runtime.capture import record
 from tests.test_recorded_calls import _call
 recorder = record.record_from_env()
 recorder.add(_call(int(sys.argv[1])), None, {}, None, "worker.py:3")
@@ -138,7 +139,7 @@ def test_a_url_prefix_gets_each_process_file_even_when_it_is_terminated(
         worker.send_signal(signal.SIGTERM)
     assert [worker.wait(timeout=60) for worker in workers] == [-signal.SIGTERM] * 2
 
-    from cute_aot.artifacts import urls
+    from cute_aot.artifacts.core import urls
     from cute_aot.kernels.recorded import read_records
 
     fs, root = urls.filesystem(prefix)
@@ -152,7 +153,7 @@ def test_a_url_prefix_gets_each_process_file_even_when_it_is_terminated(
 
 def test_an_unreachable_store_never_slows_a_record(tmp_path, aws_env):
     from cute_aot.runtime import process_files
-    from cute_aot.runtime.record import Recorder
+    from cute_aot.runtime.capture.record import Recorder
     from tests.test_fleet_misses import _closed_port
     from tests.test_recorded_calls import _call
 

@@ -29,8 +29,8 @@ from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle import read_bundle, read_manifest
 from cute_aot.artifacts.bundle_writer import encode_bundle
+from cute_aot.artifacts.core.errors import CuteAotError
 from cute_aot.artifacts.elf import ElfError, read_dynamic
-from cute_aot.artifacts.errors import CuteAotError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_library
 from cute_aot.kernels import families, family_facts

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from cute_aot.aot import binary_info
-from cute_aot.aot.compile_worker import export_object
+from cute_aot.artifacts.export import export_object
 from cute_aot.kernels.gemm_sm90 import family, fp8_family
 from cute_aot.kernels.gemm_sm90.resources import (
     MAX_STAGES,

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from cute_aot.aot import binary_info
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.gemm_sm90 import (
     BF16_DTYPE,
     DEFAULT_SHAPES,
@@ -455,7 +455,7 @@ def test_shapes_from_model_llama3_8b_and_qwen3_32b():
 
 def test_problem_and_reference_with_torch():
     torch = pytest.importorskip("torch")
-    from cute_aot.artifacts.errors import InputError
+    from cute_aot.artifacts.core.errors import InputError
 
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     w = torch.randn(32, 64, dtype=torch.bfloat16)

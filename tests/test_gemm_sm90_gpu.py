@@ -30,6 +30,7 @@ from cute_aot.kernels.gemm_sm90 import (  # noqa: E402
     family,
     fp8_family,
 )
+from cute_aot.runtime.resolution import key_function  # noqa: E402
 
 # Read at import, before the fresh_runtime fixture isolates the environment.
 BUNDLES = os.environ.get("CUTE_AOT_BUNDLES", "bundles")
@@ -143,11 +144,11 @@ def _bundle_keys(family_name: str):
 @pytest.mark.parametrize("dtype", [BF16_DTYPE, FP8_DTYPE])
 def test_every_tactic_in_the_bundle_is_right_off_its_tiles(dtype):
     """Tuning picks among every built tactic, so each must be right, not only the table's."""
-    registry = _registry()
+    _registry()
     keys = _bundle_keys(FAMILIES[dtype].name)
     assert keys, "no gemm keys in the bundles"
     for key in keys:
-        function = registry.resolve(key, ARCH, {})
+        function = key_function(key, ARCH, {})
         problems = [(1, 24, 16), (129, 1000, 1008), (300, 6144, 4112)]
         if key.persistent:  # several tiles per CTA (ping-pong: per warpgroup), edges off-tile
             problems.append((2049, 4104, 1008))
@@ -171,7 +172,7 @@ def test_every_tactic_in_the_bundle_is_right_off_its_tiles(dtype):
 def test_fp8_promotion_keeps_long_k_within_the_fp32_chunk_bound():
     """K = 28672 (Llama-3-70B's down projection): every promoted fp8 tactic in the bundles stays
     within the chunked bound (the fast-accumulation bound is vacuous here: K * 2^-13 > 1)."""
-    registry = _registry()
+    _registry()
     promoted = [key for key in _bundle_keys(fp8_family.name) if key.promote and key.has_bias]
     if not promoted:
         pytest.skip("no promoted fp8 keys in the bundles (build them from this checkout)")
@@ -180,7 +181,7 @@ def test_fp8_promotion_keeps_long_k_within_the_fp32_chunk_bound():
     problem = GemmProblem(m, n, k, FP8_DTYPE, True)
     for key in promoted:
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        fp8_family.bind(registry.resolve(key, ARCH, {}), problem)(*inputs, out)
+        fp8_family.bind(key_function(key, ARCH, {}), problem)(*inputs, out)
         torch.cuda.synchronize()
         try:
             _check(FP8_DTYPE, out, inputs, promoted=True)
@@ -190,10 +191,10 @@ def test_fp8_promotion_keeps_long_k_within_the_fp32_chunk_bound():
 
 @pytest.mark.parametrize("dtype", [BF16_DTYPE, FP8_DTYPE])
 def test_a_kernel_without_bias_never_reads_it(dtype):
-    registry = _registry()
+    _registry()
     m, n, k = 129, 1000, 1008
     problem = GemmProblem(m, n, k, dtype, False)
-    function = registry.resolve(FAMILIES[dtype].dispatch(problem, ARCH).key, ARCH, {})
+    function = key_function(FAMILIES[dtype].dispatch(problem, ARCH).key, ARCH, {})
     *inputs, _ = _inputs(dtype, m, n, k, False)
     nan_bias = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cute_aot.artifacts.errors import InputError  # noqa: E402
+from cute_aot.artifacts.core.errors import InputError  # noqa: E402
 
 # Read at import, before the fresh_runtime fixture isolates the environment.
 BUNDLES = os.environ.get("CUTE_AOT_BUNDLES", "bundles")
@@ -273,7 +273,7 @@ def test_more_tokens_than_any_kernel_serves(fresh_runtime):
     auto serves the torch reference, saying so once."""
     import warnings
 
-    from cute_aot.artifacts.errors import UnsupportedProblemError
+    from cute_aot.artifacts.core.errors import UnsupportedProblemError
     from cute_aot.runtime import router_gemm, set_mode
 
     _registry()

@@ -32,8 +32,7 @@ from cute_aot.artifacts import bundle as bundle_format
 from cute_aot.artifacts import signing
 from cute_aot.artifacts.bundle import parse_manifest, read_bundle, read_manifest
 from cute_aot.artifacts.bundle_writer import encode_bundle
-from cute_aot.artifacts.elf import read_dynamic
-from cute_aot.artifacts.errors import (
+from cute_aot.artifacts.core.errors import (
     BundleError,
     BundleFormatError,
     BundleIntegrityError,
@@ -45,12 +44,14 @@ from cute_aot.artifacts.errors import (
     OtherArchError,
     SignatureError,
 )
+from cute_aot.artifacts.elf import read_dynamic
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_dynamic
 from cute_aot.kernels import family
 from cute_aot.kernels.router_gemm import dispatch
 from cute_aot.runtime import REGISTRY, jit, loader, registry, set_mode
 from cute_aot.runtime.loader import open_bundle
+from cute_aot.runtime.resolution import key_function
 from tests.stubs import stub_value
 
 ARCH = "sm_90a"
@@ -648,8 +649,8 @@ def test_auto_mode_skips_a_bad_bundle_with_one_warning_and_falls_back(
         warnings.simplefilter("always")
         REGISTRY.load_from_env()
         REGISTRY.load_from_env()
-        assert REGISTRY.resolve(key, case.gpu_arch) is compiled  # JIT, not the bad bundle
-        assert REGISTRY.resolve(key, case.gpu_arch) is compiled
+        assert key_function(key, case.gpu_arch) is compiled  # JIT, not the bad bundle
+        assert key_function(key, case.gpu_arch) is compiled
     skipped = [w for w in seen if "skipping bundle" in str(w.message)]
     assert len(skipped) == 1, [str(w.message) for w in seen]
     assert str(path) in str(skipped[0].message)
@@ -822,7 +823,7 @@ def test_a_libs_link_leading_outside_the_cache_is_not_written_through(
 
 
 def test_a_failed_write_leaves_no_temporary_file(good, fresh_runtime, monkeypatch, tmp_path):
-    from cute_aot.artifacts import atomic
+    from cute_aot.artifacts.core import atomic
 
     def broken_fsync(fd):
         raise OSError(28, "No space left on device")
@@ -845,7 +846,7 @@ def _temporary_names() -> set[str]:
 
 
 def test_a_failed_signing_keeps_the_old_file_and_no_temporary(good, keys, tmp_path, monkeypatch):
-    from cute_aot.artifacts import atomic
+    from cute_aot.artifacts.core import atomic
 
     path = tmp_path / good.path.name
     shutil.copy(good.path, path)

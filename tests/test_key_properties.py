@@ -23,9 +23,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cute_aot.artifacts import settings as cute_aot_settings
 from cute_aot.artifacts.bundle import SYMBOL_RE
-from cute_aot.artifacts.errors import InputError, UnsupportedProblemError
+from cute_aot.artifacts.core import settings as cute_aot_settings
+from cute_aot.artifacts.core.errors import InputError, UnsupportedProblemError
 from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_entries
 from cute_aot.kernels import families

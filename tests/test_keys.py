@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_family, normalize_arch
 from cute_aot.kernels.router_gemm import RouterGemmKey
 

@@ -1,22 +1,23 @@
-"""The layout the design asks for: packages depend one way, and the server's runtime stays small.
+"""The rooms of the package, one layer each, and every import pointing down:
 
-    artifacts  <-  kernels  <-  aot (the build)  <-  aot.tools (aot-cache, aot-tune)
-        ^             ^                                  |
-        '---------- runtime (server)  <------------------'
+    core       artifacts/core/     settings, files and locks, JSON-lines, URLs, errors, notices
+    artifacts  artifacts/          what a bundle is: format, manifest, verify, sign, ELF, the packer
+    kernels    kernels/            kernel families and their contract
+    runtime    runtime/            the server: find, load, verify, dispatch, serve, fall back
+    capture    runtime/capture/    activation, recording, reports, the virtual GPU
+    aot        aot/                the build and the operator CLIs (aot-build, aot-cache, aot-tune)
 
-artifacts (the bundle, ELF and fatbin formats) imports none of the others; kernels imports
-neither the build nor the runtime; the build (aot/, its tools aside) imports neither the runtime
-nor the tools; the server's runtime imports no tool, and the build only lazily (runtime/jit.py
-compiles on a miss); the tools sit on top and may import all of it. No cycle between these
-layers, nor between packages (folders) at module level. Read from the import statements
-themselves (ast), and checked again by importing each layer's modules in a fresh interpreter,
-where a cycle shows as an ImportError.
+A room imports only rooms below it, deferred imports included (a lazy import is a dependency
+all the same), so the import graph of modules has no cycle at all, and no import exists to break
+one. Read from the import statements (ast), and checked again by importing each room in a fresh
+interpreter: what it loads of cute-aot is of its own room and the rooms below.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -25,15 +26,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.package_source import parsed
+from tests.package_source import PACKAGES, parsed
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("artifacts", "kernels", "aot", "runtime")  # folder == cute_aot subpackage name
-TOOLS = "cute_aot.aot.tools"  # the operator's tools: above the build and the server
-TOOLING = f"{TOOLS}.aot_cache"
-TUNING = f"{TOOLS}.aot_tune"  # aot-tune: run on GPU machines, a tool all the same
-# The one runtime module that may reach the build, lazily: it compiles and publishes on a miss.
-JIT_MODULE = "cute_aot.runtime.jit"
+# Bottom to top: (room, the cute_aot package it is). A module's room is its longest match.
+ROOMS = (
+    ("core", "cute_aot.artifacts.core"),
+    ("artifacts", "cute_aot.artifacts"),
+    ("kernels", "cute_aot.kernels"),
+    ("runtime", "cute_aot.runtime"),
+    ("capture", "cute_aot.runtime.capture"),
+    ("aot", "cute_aot.aot"),
+)
+RANK = {room: rank for rank, (room, _) in enumerate(ROOMS)}
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Import:
 
 
 def module_files() -> dict[str, Path]:
-    """cute_aot module name -> its source file, for every module of the four packages."""
+    """cute_aot module name -> its source file, for every module of the four folders."""
     found = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -59,6 +64,16 @@ def module_files() -> dict[str, Path]:
 
 
 MODULES = module_files()
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def room(module: str) -> str:
+    """The room of a cute_aot module: the longest package of ROOMS that holds it."""
+    matches = [(len(package), name) for name, package in ROOMS if within(module, package)]
+    return max(matches)[1]
 
 
 class _ImportCollector(ast.NodeVisitor):
@@ -100,92 +115,44 @@ def imports_of(module: str) -> list[Import]:
     return collector.found
 
 
-ALL_IMPORTS = [found for module in MODULES for found in imports_of(module)]
+def _owner(target: str) -> str | None:
+    """The module an import target names (`a.b.Name` -> `a.b`), None outside cute_aot."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
 
 
-def within(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
+# (importer, imported module) for every import of a cute_aot module by another
+EDGES = [
+    (found, target)
+    for module in MODULES
+    for found in imports_of(module)
+    if (target := _owner(found.target)) is not None and target != module
+]
 
 
-def offending(importers, targets: tuple[str, ...], module_level_only: bool = False) -> list[str]:
-    return [
-        f"{MODULES[i.importer].relative_to(ROOT)}:{i.line} imports {i.target}"
-        for i in ALL_IMPORTS
-        if importers(i.importer)
-        and any(within(i.target, target) for target in targets)
-        and (i.module_level or not module_level_only)
-    ]
-
-
-def layer(module: str) -> str:
-    """The layer a module belongs to: the tools sit inside aot/'s folder, above the build."""
-    if within(module, TOOLS):
-        return "tools"
-    return module.split(".")[1]
-
-
-def _build_module(module: str) -> bool:
-    return within(module, "cute_aot.aot") and not within(module, TOOLS)
-
-
-def _server_module(module: str) -> bool:
-    return within(module, "cute_aot.runtime")
-
-
-def test_the_collector_sees_every_package_and_resolves_imports():
+def test_the_collector_sees_every_room_and_resolves_imports():
     # guards the checks below against passing vacuously
-    assert {name.split(".")[1] for name in MODULES} == set(PACKAGES)
-    assert f"{TOOLING}.cli" in MODULES and f"{TUNING}.cli" in MODULES and JIT_MODULE in MODULES
-    assert {layer(name) for name in MODULES} == {*PACKAGES, "tools"}
-    loader_imports = {i.target for i in imports_of("cute_aot.runtime.loader")}
-    assert "cute_aot.runtime.library_store" in loader_imports
-    assert "cute_aot.artifacts.verify" in loader_imports
-    jit_imports = imports_of(JIT_MODULE)
-    assert any(within(i.target, "cute_aot.aot") and not i.module_level for i in jit_imports)
-    # the tools reach both the build and the runtime: what the layering allows them
-    tool_targets = {
-        layer(i.target)
-        for i in ALL_IMPORTS
-        if layer(i.importer) == "tools" and within(i.target, "cute_aot")
-    }
-    assert {"aot", "runtime"} <= tool_targets
+    assert {room(name) for name in MODULES} == set(RANK)
+    loader = {target for found, target in EDGES if found.importer == "cute_aot.runtime.loader"}
+    assert {"cute_aot.runtime.library_store", "cute_aot.artifacts.verify"} <= loader
+    deferred = [found for found, _ in EDGES if not found.module_level]
+    assert deferred, "no deferred import seen: the collector misses function bodies"
+    arrows = {(room(found.importer), room(target)) for found, target in EDGES}
+    # every room but the lowest uses the one beneath it
+    assert {
+        (upper, lower) for (upper, _), (lower, _) in zip(ROOMS[1:], ROOMS[:-1], strict=True)
+    } <= arrows
 
 
-def test_artifacts_import_none_of_the_other_packages():
-    bad = offending(
-        lambda m: within(m, "cute_aot.artifacts"),
-        ("cute_aot.aot", "cute_aot.kernels", "cute_aot.runtime"),
-    )
-    assert not bad, "the bundle/ELF/fatbin formats sit below everything:\n" + "\n".join(bad)
-
-
-def test_kernels_import_neither_the_build_nor_the_runtime():
-    bad = offending(lambda m: within(m, "cute_aot.kernels"), ("cute_aot.aot", "cute_aot.runtime"))
-    assert not bad, "kernel families depend only on artifacts:\n" + "\n".join(bad)
-
-
-def test_the_build_imports_neither_the_runtime_nor_the_tools():
-    bad = offending(_build_module, ("cute_aot.runtime", TOOLS))
-    assert not bad, (
-        "aot/ must not import runtime/ or its tools (runtime/jit.py imports aot/):\n"
-        + ("\n".join(bad))
-    )
-
-
-def test_the_server_runtime_does_not_import_the_build_at_module_level():
-    # runtime/jit.py is exempt: it exports and packs what it compiled (and imports that lazily,
-    # which the fresh-interpreter test below checks: importing the runtime loads no aot module).
-    bad = offending(_server_module, ("cute_aot.aot",), module_level_only=True)
-    assert not bad, "a server must not pay for the build:\n" + "\n".join(bad)
-    lazy = offending(lambda m: _server_module(m) and m != JIT_MODULE, ("cute_aot.aot",))
-    assert not lazy, "only runtime/jit.py reaches the build, on a miss:\n" + "\n".join(lazy)
-
-
-def test_the_server_runtime_never_imports_the_tools():
-    bad = offending(_server_module, (TOOLS,))
-    assert not bad, "aot-cache and aot-tune live apart from what a server imports:\n" + (
-        "\n".join(bad)
-    )
+def test_every_import_points_down():
+    upward = [
+        f"{MODULES[found.importer].relative_to(ROOT)}:{found.line} ({room(found.importer)}) "
+        f"imports {target} ({room(target)})"
+        for found, target in EDGES
+        if RANK[room(target)] > RANK[room(found.importer)]
+    ]
+    assert not upward, "a room imports only the rooms below it:\n" + "\n".join(upward)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -220,34 +187,12 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _owner(target: str) -> str | None:
-    """The module an import target names (`a.b.Name` -> `a.b`), None outside cute_aot."""
-    while target and target not in MODULES:
-        target = target.rpartition(".")[0]
-    return target or None
-
-
-def _folder(module: str) -> str:
-    path = MODULES[module]
-    return ".".join(("cute_aot", *path.parent.relative_to(ROOT).parts))
-
-
-def test_no_cycle_between_layers_nor_between_packages():
-    # Layers: every import counts, deferred ones too (a lazy import is a dependency all the same).
-    layers: dict[str, set[str]] = defaultdict(set)
-    # Packages (folders): what runs on import, where a cycle breaks a fresh interpreter.
-    folders: dict[str, set[str]] = defaultdict(set)
-    for found in ALL_IMPORTS:
-        target = _owner(found.target)
-        if target is None:
-            continue
-        if layer(found.importer) != layer(target):
-            layers[layer(found.importer)].add(layer(target))
-        if found.module_level and _folder(found.importer) != _folder(target):
-            folders[_folder(found.importer)].add(_folder(target))
-    assert layers["tools"] >= {"aot", "runtime"}  # the graph is read, not empty
-    assert not _cycles(layers), f"layers import each other: {_cycles(layers)}"
-    assert not _cycles(folders), f"packages import each other: {_cycles(folders)}"
+def test_the_module_graph_has_no_cycle_even_through_deferred_imports():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for found, target in EDGES:
+        graph[found.importer].add(target)
+    assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]  # the finder finds one
+    assert not _cycles(graph), f"modules import each other: {_cycles(graph)}"
 
 
 def test_no_family_is_named_in_the_runtime_or_the_build():
@@ -271,53 +216,35 @@ _IMPORT_ALL = """
 import importlib, json, sys
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
-print(json.dumps(sorted(n for n in sys.modules if n.startswith("cute_aot."))))
+hooks = [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("cute_aot")]
+print(json.dumps([sorted(n for n in sys.modules if n.startswith("cute_aot.")), hooks]))
 """
 
-# What importing each group may bring in of the other packages (by design, transitively).
-GROUPS = {
-    "artifacts": (lambda m: within(m, "cute_aot.artifacts"), ("cute_aot.artifacts",)),
-    "kernels": (
-        lambda m: within(m, "cute_aot.kernels"),
-        ("cute_aot.artifacts", "cute_aot.kernels"),
-    ),
-    "aot (the build)": (
-        _build_module,
-        ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot"),
-    ),
-    "runtime (server)": (
-        _server_module,
-        ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.runtime"),
-    ),
-    "aot.tools.aot_cache": (
-        lambda m: within(m, TOOLING),
-        ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot", "cute_aot.runtime"),
-    ),
-    "aot.tools.aot_tune": (
-        lambda m: within(m, TUNING),
-        ("cute_aot.artifacts", "cute_aot.kernels", "cute_aot.aot", "cute_aot.runtime"),
-    ),
-}
 
-
-@pytest.mark.parametrize("group", list(GROUPS))
-def test_each_package_imports_cleanly_in_a_fresh_interpreter(group):
-    selected, allowed = GROUPS[group]
-    names = [name for name in MODULES if selected(name)]
+@pytest.mark.parametrize("name", list(RANK))
+def test_each_room_imports_only_itself_and_what_is_below_in_a_fresh_interpreter(name):
+    names = [module for module in MODULES if room(module) == name]
     assert names
+    # No activation variable: the startup hook stays out, and what loads is what imports load.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
     result = subprocess.run(
         [sys.executable, "-c", _IMPORT_ALL, json.dumps(names)],
         capture_output=True,
         text=True,
         cwd=ROOT.parent,  # not the repository root: import the installed package, not folders
+        env=env,
         timeout=300,
     )
-    assert result.returncode == 0, f"importing {group} failed:\n{result.stderr[-4000:]}"
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    pulled_in = [
-        name
-        for name in loaded
-        if not any(within(name, package) for package in allowed)
-        or (group == "aot (the build)" and within(name, TOOLS))
+    assert result.returncode == 0, f"importing {name} failed:\n{result.stderr[-4000:]}"
+    loaded, hooks = json.loads(result.stdout.strip().splitlines()[-1])
+    package = dict(ROOMS)[name]
+    above = [
+        module
+        for module in loaded
+        if module in MODULES
+        and RANK[room(module)] > RANK[name]
+        and not within(package, module)  # a parent package: Python imports it first, always
     ]
-    assert not pulled_in, f"importing {group} loaded {pulled_in}"
+    assert not above, f"importing the {name} room loaded {above}"
+    if name == "runtime":  # the server: importing it activates nothing
+        assert hooks == [], f"importing the runtime installed import hooks: {hooks}"

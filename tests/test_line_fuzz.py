@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from cute_aot.aot.planning import plan_from_misses, plan_from_record
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 from tests.test_line_schemas import GOOD_MISS, GOOD_RECORD
 
 # Modest: each example writes a file and runs its readers (a few ms each on a 2-core machine).

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from cute_aot.aot.tools.aot_cache.cli import main
 from cute_aot.artifacts.bundle import HEADER, manifest_of, read_manifest
 from cute_aot.artifacts.bundle_writer import rewrite_manifest
-from cute_aot.artifacts.errors import BundleIntegrityError
+from cute_aot.artifacts.core.errors import BundleIntegrityError
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.runtime import manifest_memo
 from cute_aot.runtime.registry import REGISTRY, load_bundles

@@ -15,11 +15,12 @@ import pytest
 
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.bundle_writer import write_bundle
-from cute_aot.artifacts.errors import CuteAotError, KernelNotFoundError
+from cute_aot.artifacts.core.errors import CuteAotError, KernelNotFoundError
 from cute_aot.kernels.router_gemm import dispatch
 from cute_aot.runtime import REGISTRY, Mode, StaleBundleError, current_mode, jit, set_mode
 from cute_aot.runtime.misses import miss_log_path, read_misses, record_miss
 from cute_aot.runtime.overlay import overlay_path
+from cute_aot.runtime.resolution import key_function
 
 ARCH = "sm_90a"
 # Not in the small bundles: a dot key with K = 2880 (gpt-oss), cheap to compile.
@@ -47,7 +48,7 @@ def test_mode_from_env_and_api(settings_scope, fresh_runtime):
 
 def test_the_mode_is_held_once_by_the_settings(settings_scope, fresh_runtime):
     """set_mode sets CUTE_AOT_MODE for the process: every reader of the setting agrees."""
-    from cute_aot.artifacts import settings
+    from cute_aot.artifacts.core import settings
 
     settings_scope(CUTE_AOT_MODE="aot")
     set_mode("jit")
@@ -65,7 +66,7 @@ def test_aot_mode_miss_names_family_key_arch_and_bundles(fresh_runtime, stub_bun
     set_mode("aot")
     before = jit.compile_count
     with pytest.raises(KernelNotFoundError) as info:
-        REGISTRY.resolve(MISS_KEY, ARCH)
+        key_function(MISS_KEY, ARCH)
     message = str(info.value)
     for part in ("router_gemm", MISS_KEY.id, ARCH, "e2e-sm_90a.cuteaot", "mode aot"):
         assert part in message
@@ -78,7 +79,7 @@ def test_bundle_hit_needs_no_compile(fresh_runtime, stub_bundles):
     (bundle,) = REGISTRY.load(out, gpu_arch=ARCH)
     before = jit.compile_count
     for key in plan[ARCH]:
-        assert REGISTRY.resolve(key, ARCH) is bundle.function(key.id)  # the bundle's own
+        assert key_function(key, ARCH) is bundle.function(key.id)  # the bundle's own
     assert jit.compile_count == before
     assert not miss_log_path().exists()
 
@@ -87,7 +88,7 @@ def test_bundle_hit_needs_no_compile(fresh_runtime, stub_bundles):
 def test_auto_miss_compiles_publishes_records_and_warns_once(fresh_runtime):
     before = jit.compile_count
     with pytest.warns(RuntimeWarning, match="compiling it now"):
-        function = REGISTRY.resolve(MISS_KEY, ARCH, {"m": 1, "k": 2880, "n": 128})
+        function = key_function(MISS_KEY, ARCH, {"m": 1, "k": 2880, "n": 128})
     # what the compile made for this key, and the only thing it made
     assert jit.compiled_function(MISS_KEY, ARCH, publish=False) is function
     assert jit.compile_count == before + 1
@@ -101,7 +102,7 @@ def test_auto_miss_compiles_publishes_records_and_warns_once(fresh_runtime):
     # the same process does not compile or warn again
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        again = REGISTRY.resolve(MISS_KEY, ARCH)
+        again = key_function(MISS_KEY, ARCH)
     # now served by the published overlay entry, loaded once: no second compile
     assert again is REGISTRY.overlay_function(MISS_KEY, ARCH)
     assert type(again).__name__ == "Function"
@@ -113,8 +114,9 @@ def test_auto_miss_compiles_publishes_records_and_warns_once(fresh_runtime):
         import json, sys
         from cute_aot.kernels.router_gemm import dispatch
         from cute_aot.runtime import REGISTRY, jit
+        from cute_aot.runtime.resolution import key_function
         key = dispatch(1, 128, 2880, "{ARCH}")
-        function = REGISTRY.resolve(key, "{ARCH}")
+        function = key_function(key, "{ARCH}")
         print(json.dumps({{"compiles": jit.compile_count,
                            "cutlass": any(m.split(".")[0] == "cutlass" for m in sys.modules),
                            "type": type(function).__name__}}))
@@ -133,7 +135,7 @@ def test_jit_mode_always_compiles_and_never_publishes(fresh_runtime, small_bundl
     REGISTRY.load(out, gpu_arch=ARCH)
     set_mode("jit")
     key = plan[ARCH][0]  # in the bundle, but jit mode ignores bundles
-    served = REGISTRY.resolve(key, ARCH)
+    served = key_function(key, ARCH)
     # the in-process JIT result (compiled once per process), never the bundle's function
     assert served is jit._results[(ARCH, key.id)].result()
     assert served is not REGISTRY._index[(ARCH, key.FAMILY, key.id)].function(key.id)
@@ -168,8 +170,8 @@ def test_stale_bundle_aot_mode_is_an_error(fresh_runtime, stub_bundles, tmp_path
 
 
 def test_unwritable_cache_dir_still_loads_from_memory(stub_bundles, settings_scope, tmp_path):
+    from cute_aot.artifacts.core.notices import forget
     from cute_aot.runtime.loader import open_bundle
-    from cute_aot.runtime.notices import forget
 
     forget()
     blocker = tmp_path / "file"
@@ -186,7 +188,7 @@ def test_unwritable_cache_dir_still_loads_from_memory(stub_bundles, settings_sco
 
 
 def test_unwritable_miss_log_warns_once(settings_scope, tmp_path):
-    from cute_aot.runtime.notices import forget
+    from cute_aot.artifacts.core.notices import forget
 
     forget()
     blocker = tmp_path / "file"
@@ -252,6 +254,6 @@ def test_from_misses_with_nothing_to_build_fails(tmp_path):
 
 
 def test_the_modes_are_the_words_of_cute_aot_mode_s_one_grammar():
-    from cute_aot.artifacts import settings
+    from cute_aot.artifacts.core import settings
 
     assert settings.MODE.kind == "choice:" + ",".join(mode.value for mode in Mode)

@@ -171,7 +171,7 @@ def test_threads_on_every_device():
 
 
 def test_tensors_on_two_devices_are_refused():
-    from cute_aot.artifacts.errors import InputError
+    from cute_aot.artifacts.core.errors import InputError
     from cute_aot.runtime import router_gemm
 
     _needs_two()

@@ -116,7 +116,7 @@ def test_the_rule_sees_each_way_of_patching(source):
     [
         "device.device_arch.cache_clear()",
         'monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))',
-        "REGISTRY.resolve(key, ARCH)",
+        "key_function(key, ARCH)",
         'Path(__file__).resolve().parents[1]; x = """\nnot python: setattr(\n"""',
     ],
 )

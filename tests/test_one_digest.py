@@ -4,7 +4,7 @@
   by artifacts/digest.py only: `json_digest`/`text_digest` over `canonical_json`.
 - Source hashes (a family's modules, the packer's, foreign files, a recorded call's files) are
   made by artifacts/digest.py's `source_digest` only.
-- Every call to an fsspec store goes through artifacts/urls.py's `store_call` or `retried`,
+- Every call to an fsspec store goes through artifacts/core/urls.py's `store_call` or `retried`,
   which alone decide attempts, backoff and deadlines.
 - The digests persisted in bundles, caches and records are what the commit before this one made:
   values pinned here, computed by that commit's code.
@@ -28,7 +28,7 @@ from cute_aot.artifacts.digest import ABSENT, SPACED, json_digest, source_digest
 from tests.package_source import ROOT, package_files, parsed
 
 DIGEST_HOME = ROOT / "artifacts" / "digest.py"
-STORE_HOME = ROOT / "artifacts" / "urls.py"
+STORE_HOME = ROOT / "artifacts" / "core" / "urls.py"
 PROBE = ROOT / "tests" / "data" / "digest_probe.py"
 # sha256 over JSON text left where it is:
 # - the bundle header's checksum of the manifest bytes as written to the file (read back and
@@ -288,7 +288,7 @@ def test_every_store_call_is_retried_by_one_policy():
 
 
 def test_retry_settings_live_with_the_retry_wrapper():
-    """Attempts, backoff and deadlines of store calls are decided in artifacts/urls.py only."""
+    """Attempts, backoff and deadlines of store calls are decided in artifacts/core/urls.py only."""
     spelled = re.compile(r"^\s*[A-Z_]*(ATTEMPT|BACKOFF|DEADLINE|RETRIES)[A-Z_]*\s*=", re.M)
     found = [
         str(path.relative_to(ROOT))
@@ -453,7 +453,7 @@ def test_overlay_folder_is_unchanged(monkeypatch):
     monkeypatch.setattr(
         overlay, "family_facts", lambda f: {"version": 1, "source_hash": "S", "fam": f}
     )
-    monkeypatch.setattr(overlay, "packer_code_digest", lambda: "P" * 64)
+    monkeypatch.setattr(overlay, "packer_identity", lambda: "P" * 64)
     monkeypatch.setattr(overlay, "signer_key_id", lambda: "K" * 32)
     assert overlay.fingerprint("router_gemm") == "cf12046b3b5ed2ea7f462702"
     where = overlay.overlay_path(_key(*ROUTER_KEY), "sm_90a").relative_to(overlay.overlay_root())
@@ -503,20 +503,22 @@ def _previous_module_hash(modules, ordered: bool) -> str:
 
 def test_module_source_hashes_match_the_previous_code():
     from cute_aot import kernels
+    from cute_aot.aot import build_cache
     from cute_aot.artifacts import fingerprints
-    from cute_aot.artifacts.manifest import FORMAT_VERSION
 
     for name in kernels.families():
         if kernels.family(name).builder_version is not None:
             continue  # identified by its version, not files (tests/test_plain_containers.py)
         modules = kernels.binary_modules(name)
         assert kernels.source_hash(name) == _previous_module_hash(modules, ordered=True), name
-    modules = _previous_module_hash(fingerprints.PACKER_MODULES, ordered=False)
-    previous = hashlib.sha256(f"format {FORMAT_VERSION}\0".encode() + modules.encode())
-    folder = Path(importlib.util.find_spec("cute_aot.aot").origin).parent
-    for name in fingerprints.PACKER_DATA:
-        previous.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
-    assert fingerprints.packer_code_digest() == previous.hexdigest()
+    # The packer and the compile worker are versions now; at their first versions they keep the
+    # identities the previous code hashed from their files, which earlier caches are keyed by.
+    assert fingerprints.packer_identity() == (
+        "6305a3084e8ffad9e38cba5d8ba5a838f15649b8ddfe97c04d53c616fa7bf124"
+    )
+    assert build_cache.worker_fingerprint()["modules"] == (
+        "fcdbbcf91c63bcbd8c03dc4200ead95d9309a0d8f058064f990221e47ce2ce4b"
+    )
 
 
 @given(call=st.text(), version=st.integers(min_value=-(2**70), max_value=2**70))

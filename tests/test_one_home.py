@@ -1,12 +1,12 @@
 """One place for each decision: a test per decision that fails when a second copy appears.
 
-- The environment is read in artifacts/settings.py only (CUTE_AOT_* variables and the few of
+- The environment is read in artifacts/core/settings.py only (CUTE_AOT_* variables and the few of
   other programs cute-aot reads: CC, CUDA_HOME, LD_LIBRARY_PATH, COLUMNS, the DSL's own). Other
   modules may set variables for the processes they start (aot-build's workers, a virtual GPU's
   caches), never read them.
 - The cache folder has one name: settings.cache_dir.
 - JSON-lines files (miss logs, records, aot-tune's results) are read and appended to by
-  artifacts/json_lines.py only, with one policy for a line that is no JSON object.
+  artifacts/core/json_lines.py only, with one policy for a line that is no JSON object.
 """
 
 import ast
@@ -19,8 +19,8 @@ import pytest
 
 from tests.package_source import ROOT, package_files, parsed
 
-SETTINGS = ROOT / "artifacts" / "settings.py"
-JSON_LINES = ROOT / "artifacts" / "json_lines.py"
+SETTINGS = ROOT / "artifacts" / "core" / "settings.py"
+JSON_LINES = ROOT / "artifacts" / "core" / "json_lines.py"
 WRITES = ("update", "pop", "setdefault")
 
 
@@ -54,7 +54,9 @@ def environment_reads(path: Path) -> list[str]:
 
 def test_only_the_settings_module_reads_the_environment():
     reads = [site for path in _modules() if path != SETTINGS for site in environment_reads(path)]
-    assert reads == [], "read the environment through artifacts/settings.py: " + ", ".join(reads)
+    assert reads == [], "read the environment through artifacts/core/settings.py: " + ", ".join(
+        reads
+    )
 
 
 def test_the_rule_sees_reads_and_lets_writes_through():
@@ -73,8 +75,8 @@ def test_the_cache_folder_has_one_name():
 
 
 def test_the_cache_layout_is_declared_once():
-    """Each area below the cache dir is named in artifacts/cache_layout.py, which `aot-cache gc`
-    walks: an area named elsewhere would be one gc never collects."""
+    """Each area below the cache dir is named in artifacts/core/cache_layout.py, which `aot-cache
+    gc` walks: an area named elsewhere would be one gc never collects."""
     spelled = re.compile(r"cache_dir\(\)\s*/\s*[\"']")
     for path in _modules():
         assert not spelled.search(path.read_text()), f"{path}: name it in cache_layout.py"
@@ -163,8 +165,8 @@ def json_lines_io(path: Path) -> list[str]:
 
 def test_only_the_json_lines_module_reads_and_appends_json_lines():
     sites = [site for path in _modules() if path != JSON_LINES for site in json_lines_io(path)]
-    assert sites == [], "read and append JSON lines with artifacts/json_lines.py: " + ", ".join(
-        sites
+    assert sites == [], (
+        "read and append JSON lines with artifacts/core/json_lines.py: " + ", ".join(sites)
     )
     assert json_lines_io(JSON_LINES)  # the rule sees the home's own reader and appender
 
@@ -178,7 +180,7 @@ def test_the_json_lines_rule_sees_io_and_lets_documents_through():
 
 
 def test_a_torn_last_line_is_skipped_with_its_file_named(tmp_path):
-    from cute_aot.artifacts.json_lines import read_objects
+    from cute_aot.artifacts.core.json_lines import read_objects
     from cute_aot.artifacts.miss_log import read_misses
 
     miss = {"family": "router_gemm", "key": {"m": 1}, "arch": "sm_90a"}
@@ -195,7 +197,7 @@ def test_a_torn_last_line_is_skipped_with_its_file_named(tmp_path):
 
 
 def test_an_append_after_a_torn_line_starts_a_fresh_line(tmp_path):
-    from cute_aot.artifacts.json_lines import append_line, read_objects
+    from cute_aot.artifacts.core.json_lines import append_line, read_objects
 
     path = tmp_path / "results.jsonl"
     path.write_bytes(b'{"whole": 1}\n{"cut": ')
@@ -213,8 +215,8 @@ def test_a_shared_record_file_takes_no_torn_line_and_each_call_once(tmp_path):
     """CUTE_AOT_RECORD=<file>: processes append to one file under a lock; a record a killed
     process cut short is closed before the next one, and a record another process wrote is not
     written again (read back incrementally, past the torn line)."""
-    from cute_aot.artifacts.json_lines import read_objects
-    from cute_aot.runtime.record import Recorder, _subject
+    from cute_aot.artifacts.core.json_lines import read_objects
+    from cute_aot.runtime.capture.record import Recorder, _subject
 
     path = tmp_path / "calls.jsonl"
     path.write_bytes(b'{"format": 1, "key_id": "torn')
@@ -235,7 +237,7 @@ def test_a_shared_record_file_takes_no_torn_line_and_each_call_once(tmp_path):
 def test_lines_written_before_read_back_unchanged(tmp_path):
     """The previous commit's lines (json.dumps, sorted keys or not, one newline each) read back
     as exactly what was written; a file that may not lose a line is never rotated."""
-    from cute_aot.artifacts.json_lines import MAX_LOG_BYTES, append_line, read_objects
+    from cute_aot.artifacts.core.json_lines import MAX_LOG_BYTES, append_line, read_objects
 
     rows = [{"b": 1, "a": [1.5, None]}, {"time": "2026-01-01T00:00:00Z", "key": {"m": 3}}]
     path = tmp_path / "old.jsonl"
@@ -269,7 +271,7 @@ def test_tuning_results_use_the_one_json_lines_reader_and_appender(tmp_path):
 
 
 def test_each_setting_s_default_is_a_value_its_reader_takes(settings_scope):
-    from cute_aot.artifacts import settings
+    from cute_aot.artifacts.core import settings
     from cute_aot.runtime.mode import Mode, current_mode
 
     settings_scope(**{setting.name: None for setting in settings.SETTINGS})
@@ -290,7 +292,7 @@ def test_each_setting_s_default_is_a_value_its_reader_takes(settings_scope):
 
 
 def test_a_value_a_setting_s_kind_does_not_take_is_an_error_naming_it(settings_scope):
-    from cute_aot.artifacts import settings
+    from cute_aot.artifacts.core import settings
 
     settings_scope(CUTE_AOT_REVERIFY="ture")
     with pytest.raises(settings.SettingError, match="CUTE_AOT_REVERIFY='ture' is not a flag"):
@@ -310,7 +312,7 @@ def test_scope_sets_settings_for_this_process_only(monkeypatch, tmp_path):
     import subprocess
     import sys
 
-    from cute_aot.artifacts import settings
+    from cute_aot.artifacts.core import settings
 
     monkeypatch.setenv("CUTE_AOT_MODE", "jit")
     with settings.scope(CUTE_AOT_MODE="aot", CUTE_AOT_REPORT=str(tmp_path / "r.json")):
@@ -323,7 +325,7 @@ def test_scope_sets_settings_for_this_process_only(monkeypatch, tmp_path):
             [
                 sys.executable,
                 "-c",
-                "from cute_aot.artifacts import settings as s; print(s.mode_name())",
+                "from cute_aot.artifacts.core import settings as s; print(s.mode_name())",
             ],
             capture_output=True,
             text=True,
@@ -341,7 +343,7 @@ def test_the_settings_page_is_generated_from_the_settings_module():
     removed or reworded without running the script fails here. The README links to the page."""
     import importlib.util
 
-    from cute_aot.artifacts import settings
+    from cute_aot.artifacts.core import settings
 
     spec = importlib.util.spec_from_file_location("gen_settings", ROOT / "docs" / "gen_settings.py")
     gen_settings = importlib.util.module_from_spec(spec)

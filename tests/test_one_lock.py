@@ -1,4 +1,4 @@
-"""One locking rule and one temporary-name scheme (artifacts/atomic.py), caused for real.
+"""One locking rule and one temporary-name scheme (artifacts/core/atomic.py), caused for real.
 
 Every lock of the package (build claims, the CUTE_AOT_REPORT merge, the shared record file, one
 fetch per URL) is a file published with link() naming its holder, taken over when its holder
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from cute_aot.artifacts import atomic
-from cute_aot.artifacts.atomic import Claimed, claimed, remove_dead_leftovers
+from cute_aot.artifacts.core import atomic
+from cute_aot.artifacts.core.atomic import Claimed, claimed, remove_dead_leftovers
 from tests import test_integrity, test_remote_bundles
 from tests.conftest import child_env
 from tests.test_remote_bundles import RANK, _cached, http_store, signed, trusted
@@ -75,7 +75,7 @@ def _holder(lock: Path) -> subprocess.Popen:
     holder = _start(
         """
         import sys, time
-        from cute_aot.artifacts.atomic import claimed
+        from cute_aot.artifacts.core.atomic import claimed
         with claimed(sys.argv[1]):
             print("held", flush=True)
             time.sleep(600)
@@ -104,7 +104,7 @@ def test_report_merges_from_processes_lose_nothing(tmp_path):
     code = (
         _READY
         + """
-from cute_aot.runtime import report
+from cute_aot.runtime.capture import report
 for i in range(25):
     name = f"{sys.argv[-1]}.{i}"
     report.summary = lambda: {"pid": name, "host": "h", "compiles": 1, "hits": 2, "misses": 0}
@@ -125,7 +125,7 @@ def test_the_shared_record_file_holds_each_record_once(tmp_path):
         _READY
         + """
 import random
-from cute_aot.runtime.record import Recorder
+from cute_aot.runtime.capture.record import Recorder
 subjects = [f"k{i:02d}" for i in range(30)]
 random.Random(int(sys.argv[-1])).shuffle(subjects)
 recorder = Recorder(sys.argv[2])
@@ -188,7 +188,7 @@ def test_a_fetcher_killed_mid_download_is_taken_over_at_once(http_store, signed,
 
 
 def test_a_killed_report_writer_does_not_stop_the_next(tmp_path):
-    from cute_aot.runtime import report
+    from cute_aot.runtime.capture import report
 
     _kill(_holder(tmp_path / "report.json.lock"))
     started = time.monotonic()
@@ -206,7 +206,7 @@ def test_waiters_of_a_killed_holder_take_over_one_at_a_time(tmp_path):
         _READY
         + """
 import os
-from cute_aot.artifacts.atomic import claimed
+from cute_aot.artifacts.core.atomic import claimed
 inside = Path(sys.argv[1]) / "inside"
 for _ in range(10):
     with claimed(sys.argv[2], wait=60):
@@ -237,7 +237,7 @@ def _taking_over(lock: Path, then_hold: bool) -> subprocess.Popen:
         """
         import json, os, socket, sys, time
         from pathlib import Path
-        from cute_aot.artifacts.atomic import claimed, owner_tag
+        from cute_aot.artifacts.core.atomic import claimed, owner_tag
         lock = Path(sys.argv[1])
         with claimed(f"{lock}.takeover"):
             print("taking over", flush=True)
@@ -331,7 +331,7 @@ def test_a_lock_on_a_read_only_folder_fails_clearly(tmp_path):
     folder.mkdir()
     code = """
         import json, sys
-        from cute_aot.artifacts.atomic import claimed
+        from cute_aot.artifacts.core.atomic import claimed
         try:
             with claimed(sys.argv[1] + "/report.json.lock", wait=30):
                 print(json.dumps({"held": True}))
@@ -371,15 +371,15 @@ def test_a_lock_on_a_read_only_folder_fails_clearly(tmp_path):
 
 # -- temporary names ---------------------------------------------------------------------------
 def test_a_compile_worker_killed_mid_export_leaves_what_the_next_build_removes(tmp_path):
-    """aot/compile_worker.py's temporary object: the reaper knows its name (kept as it was: the
-    worker's text is part of every build-cache digest) as a dead writer's."""
+    """The exported object's temporary (artifacts/export.py) has the one scheme's name: the
+    reaper knows it as a dead writer's."""
     out = tmp_path / "objects"
     out.mkdir()
     worker = _start(
         """
         import sys, time
         from types import SimpleNamespace
-        from cute_aot.aot.compile_worker import export_object
+        from cute_aot.artifacts.export import export_object
 
         class Compiled:
             def export_to_c(self, path, **_):
@@ -394,7 +394,7 @@ def test_a_compile_worker_killed_mid_export_leaves_what_the_next_build_removes(t
     assert worker.stdout.readline().strip() == "writing", worker.stderr.read()
     _kill(worker)
     (left,) = out.iterdir()
-    assert left.name == f".k_sym.{worker.pid}.tmp.o"  # its own name: see atomic._WORKER_OBJECT
+    assert re.fullmatch(rf"\.k_sym\.o\.pid{worker.pid}@.+\.[0-9a-f]{{8}}\.tmp", left.name), left
     assert remove_dead_leftovers(out) == [left] and list(out.iterdir()) == []
 
 
@@ -437,18 +437,11 @@ def test_no_file_lock_but_atomic_claimed():
     assert not re.search(r'^\s*"filelock\b', pyproject, re.M), "filelock is a dependency again"
 
 
-# Hashed into every build-cache digest (build_cache.worker_fingerprint): editing them would turn
-# every cached object of an earlier release into a miss. Their temporaries live in a build's
-# work folder (reaped whole) or in TMPDIR for a moment, and the worker's object is reaped by name.
-_WORKER_MODULES = {"aot/compile_worker.py", "aot/binary_info.py"}
-
-
 def test_no_temporary_name_but_atomic_temporary_name():
     found = [
         f"{path.relative_to(ROOT)}:{line} {name}"
         for package in PACKAGES
         for path in sorted((ROOT / package).rglob("*.py"))
-        if str(path.relative_to(ROOT)) not in _WORKER_MODULES
         for name, line in _names(path)
         if name in _TEMP_CALLS
     ]

@@ -2,7 +2,7 @@
 only counters.
 
 - The call-time ladder as a table: (mode, what is available, what fails) -> the source that
-  serves or the error raised, and the counts, driven through the real `policy.resolve` and the
+  serves or the error raised, and the counts, driven through the real `resolution.resolve` and the
   real registry (bundles and overlay entries added to it; JIT stood in for, or made unavailable
   as it is without cutlass-dsl).
 - Load-time failures as a table: the policy's decision for each kind, and the registry loading
@@ -21,7 +21,7 @@ import pytest
 
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.bundle_writer import write_bundle
-from cute_aot.artifacts.errors import (
+from cute_aot.artifacts.core.errors import (
     BundleError,
     JitUnavailableError,
     KernelNotFoundError,
@@ -30,7 +30,7 @@ from cute_aot.artifacts.errors import (
     UnsupportedProblemError,
 )
 from cute_aot.kernels import family
-from cute_aot.runtime import REGISTRY, jit, policy, set_mode
+from cute_aot.runtime import REGISTRY, jit, policy, resolution, set_mode
 from cute_aot.runtime.loader import LoadedBundle
 from cute_aot.runtime.serving import Serving
 from tests.package_source import ROOT, package_files, parsed
@@ -143,7 +143,7 @@ def test_the_ladder(row, fresh_runtime, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # what is said, and once, is tested elsewhere
         if isinstance(expected, str):
-            served = policy.resolve(
+            served = resolution.resolve(
                 KEY.FAMILY,
                 ARCH,
                 _find_key(broken),
@@ -155,7 +155,7 @@ def test_the_ladder(row, fresh_runtime, monkeypatch):
             assert served.function is KERNELS.get(expected)  # None: the library compiles
         else:
             with pytest.raises(expected):
-                policy.resolve(
+                resolution.resolve(
                     KEY.FAMILY,
                     ARCH,
                     _find_key(broken),
@@ -286,7 +286,7 @@ HOME = {"runtime/policy.py", "runtime/mode.py"}  # the policy, and the mode it r
 # tools' modules by name anywhere under aot/tools/, which moves them between subfolders).
 ALLOWED = {
     # the exit report shows the mode the process ran in
-    ("runtime/report.py", "current_mode"),
+    ("runtime/capture/report.py", "current_mode"),
     # `aot-cache env` shows the mode a server here would run in
     ("aot/tools/*/inventory.py", "current_mode"),
 }
@@ -353,7 +353,7 @@ def test_only_the_policy_decides_by_mode():
     found = sorted(
         f"{where}:{line}: {what}"
         for where, tree in modules.items()
-        if where not in HOME and where != "artifacts/settings.py"  # declares the mode setting
+        if where not in HOME and where != "artifacts/core/settings.py"  # declares the mode setting
         for line, what in mode_tests(tree)
         if not _allowed(where, what)
     )

@@ -115,7 +115,7 @@ def test_the_recorded_familys_identity_is_its_builder_version_not_its_files():
     version = f"cute_compile {recorded.builder_version}".encode()
     assert source_hash("cute_compile") == source_digest([("builder_version", version)])
     earlier = next(iter(recorded.earlier_source_hashes))
-    modules = ["cute_aot.artifacts.settings", "cute_aot.kernels.recorded.calls"]
+    modules = ["cute_aot.artifacts.core.settings", "cute_aot.kernels.recorded.calls"]
     assert source_is_current("cute_compile", {"source_hash": earlier, "source_modules": modules})
     assert source_is_current("cute_compile", {"source_hash": source_hash("cute_compile")})
     assert not source_is_current("cute_compile", {"source_hash": "0" * 64})

@@ -303,6 +303,34 @@ def test_a_rebuild_of_the_same_keys_reuses_the_old_build_cache(tmp_path):
     assert (out / BUNDLE.name).read_bytes() == before[bundle_entry]
 
 
+def test_this_packer_links_the_old_objects_into_the_old_bytes(tmp_path):
+    """The packer is identified by its version (artifacts/fingerprints.py PACKER_VERSION), not by
+    its files: while the version stands, the same objects must give the same bundle bytes. With
+    the old cache's linked bundle removed, the build links the old objects again."""
+    pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the [build] extra)")
+    _require_build_machine()
+    cache = tmp_path / "build-cache"
+    shutil.copytree(DATA / "cache" / "build", cache)
+    [old_bundle] = [name for name in _files(cache) if name.endswith(".cuteaot")]
+    linked_before = (cache / old_bundle).read_bytes()
+    shutil.rmtree(cache / "bundles")
+    out = tmp_path / "out"
+    done = _cli(
+        tmp_path,
+        *("--family", "router_gemm", "--arch", "sm90a", "--no-default-shapes"),
+        *("--shape", f"router_gemm:{SHAPE[0]},{SHAPE[1]}", "-j", "1"),
+        *("--name", "previous", "--bundle-version", "9d40a62"),
+        *("--cache-dir", cache, "--out", out),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / REPORT.name).read_text())
+    assert (report["cache"]["hits"], report["cache"]["misses"]) == (len(BUNDLE_KEY_IDS), 0)
+    assert (cache / old_bundle).is_file()  # linked again, under the same digest
+    assert (out / BUNDLE.name).read_bytes() == linked_before, (
+        "the packer writes other bytes for the same objects: bump PACKER_VERSION"
+    )
+
+
 @pytest.mark.slow
 def test_a_build_from_the_old_record_plans_the_recorded_key(tmp_path):
     """A record is data: whatever the recorded family's source hash does later (a describer

@@ -288,7 +288,7 @@ def test_several_processes_record_each_distinct_call_once(tmp_path):
     record = tmp_path / "calls.jsonl"
     child = (
         "import random, sys\n"
-        "from cute_aot.runtime.record import Recorder\n"
+        "from cute_aot.runtime.capture.record import Recorder\n"
         "from tests.test_recorded_calls import _call\n"
         "calls = [_call(block) for block in (32, 64, 128, 256, 512)]\n"
         "random.Random(int(sys.argv[1])).shuffle(calls)\n"

@@ -29,10 +29,11 @@ import pytest
 from click.testing import CliRunner
 
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
-from cute_aot.artifacts import settings, signing
-from cute_aot.artifacts.atomic import owner_tag
+from cute_aot.artifacts import signing
 from cute_aot.artifacts.bundle import BUNDLE_SUFFIX, read_manifest
-from cute_aot.artifacts.errors import BundleIntegrityError, SignatureError
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.atomic import owner_tag
+from cute_aot.artifacts.core.errors import BundleIntegrityError, SignatureError
 from cute_aot.runtime import REGISTRY, load_bundles, remote, set_mode
 from tests import test_integrity
 from tests.conftest import child_env

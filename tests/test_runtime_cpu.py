@@ -9,7 +9,7 @@ import torch
 
 from cute_aot.artifacts import toolchain
 from cute_aot.artifacts.bundle_writer import write_bundle
-from cute_aot.artifacts.errors import IncompatibleBundleError, InputError
+from cute_aot.artifacts.core.errors import IncompatibleBundleError, InputError
 from cute_aot.runtime.loader import open_bundle
 from cute_aot.runtime.ops import router_gemm
 from tests.test_bundle import _manifest
@@ -187,7 +187,7 @@ def test_a_stale_bundle_is_refused_before_its_library_is_read(fresh_runtime, tmp
 
 
 def test_a_too_old_driver_is_refused_before_dlopen(fresh_runtime, tmp_path, monkeypatch):
-    from cute_aot.artifacts.errors import DriverTooOldError
+    from cute_aot.artifacts.core.errors import DriverTooOldError
     from cute_aot.runtime import REGISTRY, device
 
     _never_dlopen(monkeypatch)

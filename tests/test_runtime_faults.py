@@ -22,11 +22,12 @@ import torch
 
 from cute_aot.artifacts.bundle import read_bundle
 from cute_aot.artifacts.bundle_writer import write_bundle
-from cute_aot.artifacts.errors import InputError, KernelNotFoundError
+from cute_aot.artifacts.core.errors import InputError, KernelNotFoundError
 from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, load_bundles, mode, ops, policy, set_mode
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
 from cute_aot.runtime.misses import miss_log_path, read_misses, record_miss
+from cute_aot.runtime.resolution import key_function
 from tests.fake_gpu import on_gpu
 from tests.faults import fill, read_only_folder, small_tmpfs
 from tests.stubs import loaded_bundle
@@ -329,7 +330,7 @@ def test_a_record_cut_short_by_a_full_disk_costs_only_itself(
 
 
 def test_the_miss_log_rotates_and_both_generations_are_read(fresh_runtime, monkeypatch):
-    from cute_aot.artifacts import json_lines
+    from cute_aot.artifacts.core import json_lines
 
     path = miss_log_path()
     record_miss(KEY, ARCH, {})
@@ -415,7 +416,7 @@ def test_no_listener_outlives_what_registered_it(fresh_runtime):
 
 def test_the_tests_never_write_into_the_users_cache():
     home_cache = Path(os.path.expanduser("~")) / ".cache" / "cute-aot"
-    from cute_aot.artifacts import settings
+    from cute_aot.artifacts.core import settings
 
     assert not str(settings.cache_dir()).startswith(str(home_cache))
 
@@ -475,11 +476,13 @@ def test_a_server_with_a_read_only_home_loads_and_falls_back(stub_bundles, tmp_p
         import torch
         from cute_aot.kernels import family
         from cute_aot.runtime import REGISTRY, counters, jit, load_bundles, policy
+        from cute_aot.runtime.resolution import key_function
+        from cute_aot.runtime import resolution
         jit.jit_available = lambda: False  # a server without the compiler
         (opened,) = load_bundles({str(bundle)!r}, gpu_arch="sm_90a")
         router = family("router_gemm")
         missing = router.dispatch(router.parse_problem("M=1,N=128,K=2880"), "sm_90a").key
-        served = policy.resolve("router_gemm", "sm_90a", lambda: missing,
+        served = resolution.resolve("router_gemm", "sm_90a", lambda: missing,
                                 reference=lambda: "torch reference")
         hit = REGISTRY.bundle_function("router_gemm", {plan[ARCH][0].id!r}, "sm_90a")
         print(json.dumps({{"where": opened.library_path, "served": served.source,
@@ -540,9 +543,9 @@ def test_a_kernel_whose_export_fails_still_serves_and_is_compiled_once(
     key = ROUTER.dispatch(ROUTER.parse_problem("M=1,N=128,K=2880"), ARCH).key
     before = jit.compile_count
     with pytest.warns(RuntimeWarning, match="overlay cache off"):
-        first = REGISTRY.resolve(key, ARCH)
+        first = key_function(key, ARCH)
     assert callable(first) and jit.compile_count == before + 1
-    assert REGISTRY.resolve(key, ARCH) is first and jit.compile_count == before + 1
+    assert key_function(key, ARCH) is first and jit.compile_count == before + 1
     assert policy.counters()["router_gemm"]["degradations"] == 1  # the overlay, once
 
 

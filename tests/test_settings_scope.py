@@ -2,9 +2,9 @@
 fixture), not with `monkeypatch.setenv`: the environment is for what a child process must see.
 
 A scan of tests/*.py finds every `<...>.setenv(NAME, ...)` / `<...>.delenv(NAME)` of a declared
-setting (artifacts/settings.py) in a function, or in module-level code (tables of lambdas), that
-starts no child process, directly or through a helper of its module that does (found by following
-the module's own functions), and fails on it. A child process is a `subprocess` call,
+setting (artifacts/core/settings.py) in a function, or in module-level code (tables of lambdas),
+that starts no child process, directly or through a helper of its module that does (found by
+following the module's own functions), and fails on it. A child process is a `subprocess` call,
 `os.fork`/`exec*`/`spawn*`, a `multiprocessing` context, process or pool, a process pool
 executor, or a click `CliRunner.invoke(..., env=...)`: in-process, but a scoped value would win
 over the environment it sets. Names the scan cannot read (a variable from elsewhere) are not
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 from tests.conftest import child_env
 
 TESTS = Path(__file__).resolve().parent
@@ -203,7 +203,7 @@ def test_tests_set_settings_with_scope_unless_a_child_process_reads_them():
 PLANTED = """
 import subprocess
 from subprocess import run as run_child
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 
 LOG = "CUTE_AOT_MISS_LOG"
 
@@ -276,7 +276,9 @@ def test_a_child_gets_the_scoped_settings_only_through_child_env(settings_scope,
     monkeypatch.setenv(settings.HOST.name, "from-the-environment")  # what a child inherits
     settings_scope(CUTE_AOT_HOST="scoped", CUTE_AOT_MISS_LOG=None)
     monkeypatch.setenv(settings.MISS_LOG.name, "unset-in-process")
-    code = "from cute_aot.artifacts import settings as s; print(s.HOST.raw(), s.MISS_LOG.raw())"
+    code = (
+        "from cute_aot.artifacts.core import settings as s; print(s.HOST.raw(), s.MISS_LOG.raw())"
+    )
     inherited = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     given = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(X="1")

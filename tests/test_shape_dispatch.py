@@ -1,5 +1,5 @@
-"""The ops' C hit path (aot/shape_dispatch.c, linked into every bundle library): a table from the
-input tensors' shapes to the kernel serving them, called in one TVM-FFI call. On the CPU, with a
+"""The ops' C hit path (artifacts/shape_dispatch.c, linked into every bundle library): a table from
+the input tensors' shapes to the kernel serving them, called in one TVM-FFI call. On the CPU, with a
 real library linked from stub objects; the kernels put into it are recorders.
 """
 
@@ -14,6 +14,7 @@ import tvm_ffi
 from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, ops, policy
 from cute_aot.runtime.loader import open_bundle
+from cute_aot.runtime.resolution import key_function
 from tests.fake_gpu import on_gpu
 from tests.stubs import stub_value
 
@@ -139,7 +140,7 @@ def test_on_the_gpu_the_c_table_serves_the_router_and_matches_the_bare_kernel(fr
         call(x, w, out=ours)  # resolves, puts
         call(x, w, out=ours)  # through the C table
         key = router.dispatch(router.parse_problem(f"{m},256,7168"), arch).key
-        REGISTRY.resolve(key, arch)(x, w, bare)
+        key_function(key, arch)(x, w, bare)
         torch.cuda.synchronize()
         assert torch.equal(ours, bare)
     assert table.dispatcher is not None and table.dispatcher(SIZE) == 3

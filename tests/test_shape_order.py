@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from cute_aot.aot.cli import main as aot_build
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
-from cute_aot.artifacts.errors import CuteAotError, UnsupportedProblemError
+from cute_aot.artifacts.core.errors import CuteAotError, UnsupportedProblemError
 from cute_aot.kernels import KernelFamily, families, family
 from cute_aot.kernels.contract import parse_ints
 from cute_aot.kernels.tables import packaged_tables

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from cute_aot.aot.build import BuildPlan, run_build
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts.bundle import read_manifest
-from cute_aot.artifacts.errors import TableError
+from cute_aot.artifacts.core.errors import TableError
 from cute_aot.kernels import family, family_facts
 from cute_aot.kernels.gemm_sm90 import GemmProblem, handwritten_table, stages_for
 from cute_aot.kernels.router_gemm import RouterProblem

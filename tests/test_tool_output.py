@@ -15,7 +15,7 @@ from cute_aot.aot.cli import main as aot_build
 from cute_aot.aot.planning import RequestError, StderrNotes, plan_from_record
 from cute_aot.aot.report import ConsoleNotes
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
-from cute_aot.artifacts import terminal
+from cute_aot.artifacts.core import terminal
 from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT
 from cute_aot.kernels.router_gemm import dispatch
 from cute_aot.runtime.misses import forget_recorded, record_miss

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cute_aot.artifacts.bundle import read_manifest
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels import gpu_profiles
 from cute_aot.kernels.arch import SUPPORTED_ARCHS, arch_for_capability
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_for_capability, normalize_arch
 from cute_aot.kernels.contract import (
     Dispatch,

@@ -21,7 +21,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from flashinfer.gemm.kernels import tgv_gemm_cute_ext as flashinfer_tgv
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.flashinfer.tgv_gemm import OPERAND_ALIGN, TgvGemmFamily, TgvGemmKey
 
 DSL_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.contract import Dispatch, KernelFamily, TensorArg, parse_ints
 from cute_aot.kernels.gemm_sm90.cost import (
     BORROWED_MIN_K_TILES_PER_SPLIT,
@@ -249,7 +249,7 @@ class GemmSm90Family(KernelFamily):
     shape_syntax = "N,K"
 
     def problem(self, x, w, bias, *scales) -> GemmProblem:
-        from cute_aot.artifacts.errors import InputError
+        from cute_aot.artifacts.core.errors import InputError
 
         (m, k), (n, k_w) = x.shape, w.shape
         if k != k_w:

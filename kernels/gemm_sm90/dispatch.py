@@ -18,7 +18,7 @@ import math
 import statistics
 from typing import NamedTuple
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.contract import Dispatch
 from cute_aot.kernels.gemm_sm90.cost import (
     BORROWED_MIN_K_TILES_PER_SPLIT,

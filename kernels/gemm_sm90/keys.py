@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.gemm_sm90.resources import (
     BF16_DTYPE,
     ELEMENT_BYTES,

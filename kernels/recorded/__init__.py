@@ -1,6 +1,6 @@
 """Kernels recorded at `cute.compile`: any CuTe DSL kernel, served with no family to write.
 
-A record (runtime/record.py writes them in a real run) describes one `cute.compile` call as
+A record (runtime/capture/record.py writes them in a real run) describes one `cute.compile` call as
 data: what is compiled, the source hash of the code that shapes it, every argument's type, the
 compile options. That description is this family's key, so the build replays the call on a CPU
 (`aot-build --from-record FILE`, the builder `replay.py`) and the interceptor
@@ -24,8 +24,8 @@ import json
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # what canonical_json escapes strings with
 
+from cute_aot.artifacts.core.json_lines import Field, LineSchema, exactly, read_lines
 from cute_aot.artifacts.digest import KEY_ID_LENGTH, canonical_json, json_digest, text_digest
-from cute_aot.artifacts.json_lines import Field, LineSchema, exactly, read_lines
 from cute_aot.kernels.arch import SUPPORTED_ARCHS
 from cute_aot.kernels.contract import Adapter, KernelFamily, Patch
 from cute_aot.kernels.keys import KernelKey
@@ -247,7 +247,7 @@ def _check_recorded_key(fields: dict) -> None:
             raise ValueError(f"key field {name!r} is not a JSON object")
 
 
-# What a record line holds, for every reader of records (read_records): runtime/record.py
+# What a record line holds, for every reader of records (read_records): runtime/capture/record.py
 # writes them. A line of another shape (another format, a field of another type) is skipped
 # with one warning naming its file, line and field.
 RECORD_SCHEMA = LineSchema(

@@ -32,7 +32,7 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 from cute_aot.artifacts.digest import source_digest
 from cute_aot.artifacts.toolchain import CODEGEN_ENV
 from cute_aot.kernels.recorded import (

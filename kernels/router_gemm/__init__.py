@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import NamedTuple
 
-from cute_aot.artifacts.errors import UnsupportedProblemError
+from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.kernels.arch import arch_family, normalize_arch
 from cute_aot.kernels.contract import (
     Dispatch,
@@ -349,7 +349,7 @@ class RouterGemmFamily(KernelFamily, Tuner):
     unprefixed_shapes = True  # a plain `aot-build --shape N,K` means the router, as it always has
 
     def problem(self, x, w) -> RouterProblem:
-        from cute_aot.artifacts.errors import InputError
+        from cute_aot.artifacts.core.errors import InputError
 
         (m, k), (n, k_w) = x.shape, w.shape
         if k != k_w:

@@ -5,7 +5,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from cute_aot.artifacts import urls
+from cute_aot.artifacts.core import urls
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 

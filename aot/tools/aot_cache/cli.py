@@ -32,7 +32,7 @@ from cute_aot.aot.tools.aot_cache import (
 from cute_aot.aot.tools.aot_cache.output import Failure
 from cute_aot.aot.tools.aot_cache.params import parse_age, parse_size
 from cute_aot.artifacts import PACKAGE_VERSION
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 
 # parse_size and parse_age are part of this module's interface (scripts and tests use them here).
 __all__ = ["main", "parse_age", "parse_size"]

@@ -15,7 +15,7 @@ from cute_aot.aot.tools.aot_cache.output import (
     make_table,
     size_text,
 )
-from cute_aot.artifacts import cache_layout, settings
+from cute_aot.artifacts.core import cache_layout, settings
 
 
 @click.command("env")

@@ -22,7 +22,7 @@ from cute_aot.aot.tools.aot_cache.params import (
     arch_param,
     family_dtypes,
 )
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 from cute_aot.kernels import KernelFamily, families
 from cute_aot.runtime import policy
 from cute_aot.runtime.mode import Mode

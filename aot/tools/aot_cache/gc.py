@@ -19,7 +19,7 @@ from cute_aot.aot.tools.aot_cache.params import (
     age_param,
     size_param,
 )
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 
 
 @click.command("gc")

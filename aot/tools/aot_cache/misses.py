@@ -24,10 +24,10 @@ from cute_aot.aot.tools.aot_cache.output import (
 from cute_aot.aot.tools.aot_cache.params import (
     arch_param,
 )
-from cute_aot.artifacts import settings
-from cute_aot.artifacts.atomic import atomic_write
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.atomic import atomic_write
+from cute_aot.artifacts.core.urls import local_path
 from cute_aot.artifacts.miss_log import read_misses
-from cute_aot.artifacts.urls import local_path
 from cute_aot.runtime import misses as miss_log
 
 

@@ -9,7 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from cute_aot.artifacts import terminal, toolchain
+from cute_aot.artifacts import toolchain
+from cute_aot.artifacts.core import terminal
 
 STATUS_STYLES = {"ok": "green", "fail": "bold red", "skip": "dim", "warn": "yellow"}
 SOURCE_STYLES = {"bundle": "green", "overlay": "cyan", "jit": "yellow", "error": "bold red"}

@@ -6,7 +6,7 @@ import re
 
 import click
 
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 from cute_aot.kernels import KernelFamily
 from cute_aot.kernels.arch import normalize_arch
 

@@ -13,7 +13,7 @@ from cute_aot.aot.tools.aot_cache.output import (
     make_table,
     size_text,
 )
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 
 
 @click.command("push")

@@ -23,7 +23,7 @@ from cute_aot.aot.tools.aot_cache.output import (
     size_text,
     toolchain_text,
 )
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 
 
 @click.command("show")

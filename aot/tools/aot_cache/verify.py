@@ -22,7 +22,7 @@ from cute_aot.aot.tools.aot_cache.output import (
 from cute_aot.aot.tools.aot_cache.params import (
     arch_param,
 )
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 
 
 @click.command("verify")

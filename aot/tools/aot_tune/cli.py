@@ -34,9 +34,10 @@ from cute_aot.aot.tools.aot_tune.timing import (
     seconds_per_call,
     seconds_per_call_each,
 )
-from cute_aot.artifacts import PACKAGE_VERSION, settings, terminal
-from cute_aot.artifacts.errors import CuteAotError
-from cute_aot.artifacts.json_lines import append_line, read_objects
+from cute_aot.artifacts import PACKAGE_VERSION
+from cute_aot.artifacts.core import settings, terminal
+from cute_aot.artifacts.core.errors import CuteAotError
+from cute_aot.artifacts.core.json_lines import append_line, read_objects
 from cute_aot.kernels import KernelFamily, TorchReference, capability, contract, family
 from cute_aot.kernels.arch import normalize_arch
 from cute_aot.kernels.tables import Table, read_tables, write_tables

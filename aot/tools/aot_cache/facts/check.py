@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cute_aot.artifacts import signing, toolchain
 from cute_aot.artifacts.bundle import read_bundle
-from cute_aot.artifacts.errors import BundleError, BundleFormatError, CuteAotError
+from cute_aot.artifacts.core.errors import BundleError, BundleFormatError, CuteAotError
 from cute_aot.artifacts.fatbin import fatbin_sm_numbers, iter_fatbins, sm_number
 from cute_aot.artifacts.manifest import Manifest
 from cute_aot.kernels.arch import arch_for_capability, normalize_arch

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from cute_aot.aot.tools.aot_cache.facts.inventory import BundleSource, key_text
-from cute_aot.artifacts.errors import CuteAotError, TableError
+from cute_aot.artifacts.core.errors import CuteAotError, TableError
 from cute_aot.artifacts.manifest import Entry
 from cute_aot.kernels import Adapter, KernelFamily, capability
 from cute_aot.kernels.contract import Problem, dispatch_with

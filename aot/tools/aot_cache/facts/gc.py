@@ -2,8 +2,8 @@
 all five caches while servers and builds use them (`aot-cache gc`).
 
 What is collected, in units that go together or not at all (commit marker listed first), as
-artifacts/cache_layout.py declares each area (AREAS: folder, unit, marker, gc rule); the walkers
-below take every name from there:
+artifacts/core/cache_layout.py declares each area (AREAS: folder, unit, marker, gc rule); the
+walkers below take every name from there:
 
     overlay/<fingerprint>/<arch>/<key id>.cuteaot           one file (runtime/overlay.py)
     overlay/.../<key id>.cuteaot.refused-<random>           set aside by a reader: always goes
@@ -13,7 +13,7 @@ below take every name from there:
     remote/<sha256>.cuteaot                                 a verified download (runtime/remote.py)
     remote/index/<url id>.json                              what a URL held at its last fetch
     .<name>.<random>.tmp anywhere under those, and elsewhere in the cache dir when every cache is
-    collected: temporaries (artifacts/atomic.py), only once an hour old (younger ones may still
+    collected: temporaries (artifacts/core/atomic.py), only once an hour old (younger ones may still
     be being written)
 
 Downloads are judged by age and size like the other units, and an index is in use whenever one
@@ -54,8 +54,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cute_aot.artifacts import cache_layout, settings
-from cute_aot.artifacts.cache_layout import CacheArea
+from cute_aot.artifacts.core import cache_layout, settings
+from cute_aot.artifacts.core.cache_layout import CacheArea
 from cute_aot.kernels import families
 from cute_aot.runtime import overlay, remote
 

@@ -13,17 +13,18 @@ from pathlib import Path
 
 from cute_aot.aot import binary_info
 from cute_aot.aot.tools.aot_cache.facts import check, gc
-from cute_aot.artifacts import PACKAGE_VERSION, cache_layout, settings, toolchain
+from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.bundle import read_manifest
-from cute_aot.artifacts.errors import (
+from cute_aot.artifacts.core import cache_layout, settings
+from cute_aot.artifacts.core.errors import (
     BundleError,
     BundleIntegrityError,
     CuteAotError,
     EntryNotFoundError,
 )
+from cute_aot.artifacts.core.urls import is_url
 from cute_aot.artifacts.fatbin import find_fatbin, iter_fatbins
 from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.artifacts.urls import is_url
 from cute_aot.kernels import families
 from cute_aot.runtime import misses as miss_log
 from cute_aot.runtime import paths, sources
@@ -35,7 +36,7 @@ from cute_aot.runtime.registry import stale_reasons
 # (bundle path, whether it came from a folder, its manifest or why it could not be read)
 BundleSource = tuple["Path | check.UnreadableSource", bool, "Manifest | str"]
 
-# Every CUTE_AOT_* setting (artifacts/settings.py), then the others that change what runs
+# Every CUTE_AOT_* setting (artifacts/core/settings.py), then the others that change what runs
 ENV_VARS = (
     *(setting.name for setting in settings.SETTINGS),
     "CUTE_DSL_ARCH",
@@ -380,7 +381,7 @@ def environment() -> dict:
 
 def _startup_hook() -> dict:
     """Whether processes started in this environment get the cute.compile hook, and why."""
-    from cute_aot.runtime import activation
+    from cute_aot.runtime.capture import activation
 
     active, why = activation.state()
     return {"installed_at": activation.startup_file(), "active": active, "why": why}

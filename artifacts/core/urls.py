@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core.errors import CuteAotError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 

@@ -1,7 +1,7 @@
 """Recording `cute.compile` calls: every distinct call of a real run, written once to where
 `aot-build --from-record` reads it and replays it on a CPU.
 
-    from cute_aot.runtime.record import recording
+    from cute_aot.runtime.capture.record import recording
     with recording("calls.jsonl"):
         run_the_warm_up()                   # or: CUTE_AOT_RECORD=calls.jsonl, in every process
 
@@ -12,7 +12,7 @@ for a call that cannot be replayed the reason instead. Where they go:
 
 - a file: every process appends to it, under a lock (artifacts/atomic.claimed), a call
   already in it not again
-  (the one JSON-lines appender and reader: artifacts/json_lines.py);
+  (the one JSON-lines appender and reader: artifacts/core/json_lines.py);
 - a folder (a trailing '/', or an existing folder): one file per process, appended to;
 - a URL prefix (s3://bucket/records/, any fsspec protocol): one file per process, written in
   the background and at exit or SIGTERM (runtime/process_files.py).
@@ -31,13 +31,13 @@ import os
 import time
 from pathlib import Path
 
-from cute_aot.artifacts import settings, urls
-from cute_aot.artifacts.atomic import claimed
-from cute_aot.artifacts.json_lines import append_line, objects_after
+from cute_aot.artifacts.core import settings, urls
+from cute_aot.artifacts.core.atomic import claimed
+from cute_aot.artifacts.core.json_lines import append_line, objects_after
+from cute_aot.artifacts.core.notices import warn_once
 from cute_aot.kernels.recorded import FAMILY, RECORD_FORMAT, RecordedCallKey, hardware_answers
 from cute_aot.kernels.recorded.calls import signature_mismatch
 from cute_aot.runtime import compile_hook
-from cute_aot.runtime.notices import warn_once
 from cute_aot.runtime.process_files import host, is_prefix, process_file
 
 __all__ = ["Recorder", "recording"]
@@ -160,7 +160,7 @@ def recording(path: str | os.PathLike):
 
 
 def record_from_env() -> Recorder | None:
-    """CUTE_AOT_RECORD: record this whole process (runtime/activation.py calls it)."""
+    """CUTE_AOT_RECORD: record this whole process (runtime/capture/activation.py calls it)."""
     location = settings.record_location()
     if location is None:
         return None

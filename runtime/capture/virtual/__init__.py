@@ -6,8 +6,8 @@
 CUTE_AOT_VIRTUAL names a profile of kernels/gpu_profiles.json (`h200`, `b200`), an architecture
 (its reference profile: `sm_100a` is `b200`), or a JSON file `{"base": "b200", "attributes":
 {...}, "max_active_clusters": {...}}` that overrides answers. The startup hook
-(runtime/activation.py) starts it in every process of the workload, before the workload runs:
-
+(runtime/capture/activation.py) starts it in every process of the workload, before the workload
+runs:
 - torch (torch_device.py): tensors on `cuda` are fake (shapes, strides, dtypes; no memory), CPU
   tensors stay real; torch.cuda's device queries, streams, events and synchronization answer as
   the profile's GPU, on every thread.
@@ -24,13 +24,20 @@ question and call site, and counted in the summary said at exit. No value is inv
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import os
 import sys
 import threading
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
+from cute_aot.runtime.capture.virtual import questions
+from cute_aot.runtime.capture.virtual.questions import (
+    CHECK_FIELDS,
+    QUESTION_FIELDS,
+    Unanswerable,
+    check_not_made,
+    checks_not_made,
+)
 
 __all__ = [
     "Unanswerable",
@@ -45,124 +52,14 @@ __all__ = [
 
 _profile = None  # the GpuProfile answering, once started
 _lock = threading.Lock()
-_unanswered: collections.Counter = collections.Counter()  # (site, question, reason) -> times
 _compiles: dict[str, set] = collections.defaultdict(set)  # target -> distinct calls compiled
 _calls = 0
-_not_checked: collections.Counter = collections.Counter()  # (site, check) -> times
 # Failed tests of a pytest workload (pytest_plugin.py), by whose failure it is: "workload" (it
 # failed in its own code after its kernels compiled, e.g. asserting on numbers a virtual GPU
 # does not compute) or "recorder" (it failed before any compile, or inside a library: kernels it
 # would have compiled were not recorded).
 _failures: dict[str, list[dict]] = {"workload": [], "recorder": []}
 _tests: list[dict] = []  # per test of a pytest workload: compiles, checks not made, outcome
-
-
-class Unanswerable(RuntimeError):
-    """A question the virtual GPU has no true answer for; says what was asked, and where."""
-
-
-class UnansweredAttribute(Unanswerable, AttributeError):
-    """A device property the profile does not hold (hasattr() is False, as for a missing one)."""
-
-
-# Frames of these packages are how a question reaches us, not where the workload asked it.
-_PLUMBING = ("torch", "cuda", "cutlass", "tvm_ffi", "importlib", "contextlib")
-
-
-def plumbing(module: str) -> bool:
-    """Whether code of `module` is how a question reaches us rather than where it was asked."""
-    return module.split(".")[0] in _PLUMBING or module.startswith("cute_aot.runtime")
-
-
-def _workload_frame():
-    """The first frame outside torch, the driver bindings, cutlass and cute-aot (None: none)."""
-    frame = sys._getframe(2)
-    while frame is not None and plumbing(frame.f_globals.get("__name__", "")):
-        frame = frame.f_back
-    return frame
-
-
-def asked_at() -> str:
-    """file:line of the workload's frame that asked."""
-    frame = _workload_frame()
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
-
-
-def in_assert() -> bool:
-    """Whether the truth value being asked decides an assertion in the workload's own frame: a
-    jump taken when it is true over code that raises AssertionError (an `assert` statement, as
-    Python compiles it or as pytest rewrites it), reached from the value itself or from a call
-    whose result it tests (`assert torch.equal(a, b)`)."""
-    frame = _workload_frame()
-    return frame is not None and _skips_a_raise(frame.f_code, frame.f_lasti)
-
-
-@functools.cache
-def _skips_a_raise(code, offset: int) -> bool:
-    import dis
-
-    instructions = list(dis.get_instructions(code))
-    at = next((n for n, i in enumerate(instructions) if i.offset == offset), None)
-    if at is None:
-        return False
-    jump = instructions[at]
-    if jump.opname.startswith("CALL"):  # `assert torch.equal(a, b)`: the call's value is tested
-        jump = _test_of_result(instructions[at + 1 :])
-    if jump is None or "IF_TRUE" not in jump.opname or not isinstance(jump.argval, int):
-        return False
-    offset = jump.offset
-    skipped = [i for i in instructions if offset < i.offset < jump.argval]
-    loads_error = any(
-        i.opname == "LOAD_ASSERTION_ERROR" or i.argval == "AssertionError" for i in skipped
-    )
-    return loads_error and any(i.opname == "RAISE_VARARGS" for i in skipped)
-
-
-def _test_of_result(following) -> object:
-    """The jump that tests a call's result, if the result goes straight to one: directly, through
-    TO_BOOL, or through a temporary (how pytest rewrites an assert); None otherwise."""
-    rest = [i for i in following if i.opname not in ("CACHE", "EXTENDED_ARG", "TO_BOOL")]
-    if len(rest) > 2 and rest[0].opname == "STORE_FAST" and rest[1].opname == "LOAD_FAST":
-        if rest[0].argval == rest[1].argval:
-            rest = rest[2:]
-    return rest[0] if rest else None
-
-
-def unanswerable(question: str, reason: str, kind=Unanswerable) -> Unanswerable:
-    """The error to raise for `question`, counted with its site for the summary."""
-    site = asked_at()
-    with _lock:
-        _unanswered[site, question, reason] += 1
-    return kind(
-        f"virtual GPU {_profile.name if _profile else '?'}: {question} cannot be "
-        f"answered ({reason}), asked at {site}"
-    )
-
-
-# What a counted subject is made of, in the summary's rows (each with its "times").
-QUESTION_FIELDS = ("site", "question", "reason")
-CHECK_FIELDS = ("site", "check")
-
-
-def counted_rows(counted: dict, fields: tuple) -> list[dict]:
-    """{(value of each field): times} as rows {field: value, ..., "times": n}, in order."""
-    return [
-        {**dict(zip(fields, subject, strict=True)), "times": n}
-        for subject, n in sorted(counted.items())
-    ]
-
-
-def check_not_made(check: str) -> None:
-    """A numeric check of values nobody computed: counted with its site, not made."""
-    site = asked_at()
-    with _lock:
-        _not_checked[site, check] += 1
-
-
-def checks_not_made() -> int:
-    """Numeric checks not made so far in this process."""
-    with _lock:
-        return sum(_not_checked.values())
 
 
 def active():
@@ -198,7 +95,7 @@ class LaunchesNothing:
         self.__wrapped__ = compiled
 
     def __call__(self, *args, **kwargs):
-        from cute_aot.runtime.virtual import launches
+        from cute_aot.runtime.capture.virtual import launches
 
         launches.wrote(args, kwargs)  # a kernel may write any memory it was handed
         return None
@@ -251,15 +148,16 @@ def load_profile(spec: str):
 
 
 def start(spec: str) -> None:
-    """Become the virtual GPU `spec` in this process (runtime/activation.py calls it first)."""
+    """Become the virtual GPU `spec` in this process (capture/activation.py calls it first)."""
     global _profile
-    from cute_aot.runtime import at_exit
-    from cute_aot.runtime.virtual import caches, driver, torch_device
+    from cute_aot.artifacts.core import at_exit
+    from cute_aot.runtime.capture.virtual import caches, driver, torch_device
 
     with _lock:
         if _profile is not None:
             return
         _profile = load_profile(spec)
+        questions.answering_as(_profile.name)
     os.environ["CUTE_DSL_ARCH"] = _profile.arch  # never the DSL's own guess (sm_100)
     caches.isolate()
     torch_device.start(_profile)
@@ -275,8 +173,8 @@ def summary() -> dict:
             "compile_calls": _calls,
             "kernels": sum(len(calls) for calls in _compiles.values()),
             "targets": {target: len(calls) for target, calls in sorted(_compiles.items())},
-            "checks_not_made": counted_rows(_not_checked, CHECK_FIELDS),
-            "unanswerable": counted_rows(_unanswered, QUESTION_FIELDS),
+            "checks_not_made": questions.rows(questions.NOT_CHECKED, CHECK_FIELDS),
+            "unanswerable": questions.rows(questions.UNANSWERED, QUESTION_FIELDS),
             "tests": sorted(_tests, key=lambda row: row["test"]),
             "failed_tests": {
                 whose: sorted(failed, key=lambda row: row["test"])

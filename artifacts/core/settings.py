@@ -16,8 +16,8 @@ import re
 from collections import namedtuple
 from pathlib import Path
 
-from cute_aot.artifacts import cache_layout
-from cute_aot.artifacts.errors import CuteAotError
+from cute_aot.artifacts.core import cache_layout
+from cute_aot.artifacts.core.errors import CuteAotError
 
 
 # A namedtuple, not a dataclass: the startup hook imports this module in every process that sets
@@ -183,7 +183,7 @@ SETTINGS: tuple[Setting, ...] = (
     DISABLE,
 )
 _BY_NAME = {setting.name: setting for setting in SETTINGS}  # made once: read per call
-# What the startup hook (runtime/activation.py) installs the cute.compile hook for.
+# What the startup hook (runtime/capture/activation.py) installs the cute.compile hook for.
 ACTIVATING: tuple[Setting, ...] = (RECORD, INTERCEPT, REPORT, VIRTUAL)
 
 _TRUE = ("1", "true", "yes", "on")

@@ -12,7 +12,7 @@ profile's cluster occupancy.
 
 from __future__ import annotations
 
-from cute_aot.runtime.virtual import unanswerable
+from cute_aot.runtime.capture.virtual.questions import unanswerable
 
 # Calls a driver with no GPU behind it answers truthfully: initialization, one device, its
 # context and synchronization (nothing runs, so there is nothing to wait for).
@@ -30,7 +30,7 @@ _SUCCESS_ONLY = (
 
 
 def start(profile) -> None:
-    from cute_aot.runtime.activation import after_import
+    from cute_aot.runtime.capture.import_hook import after_import
 
     after_import("cuda.bindings.driver", lambda: _answer_driver(profile))
     after_import("cutlass", lambda: _answer_hardware_info(profile))

@@ -32,7 +32,7 @@ class CacheArea(
 
     A unit is the files that go together or not at all: its commit marker (published last,
     unlinked first, so a reader sees a whole unit or a miss) and, for some areas, a data file
-    beside it named by the same stem. Temporaries of artifacts/atomic.py are collected at any
+    beside it named by the same stem. Temporaries of artifacts/core/atomic.py are collected at any
     depth of every area.
 
     name: `aot-cache gc --cache NAME`, the rows of gc's and env's reports; folder: below the

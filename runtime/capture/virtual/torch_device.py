@@ -7,7 +7,7 @@ and no memory; every other op runs for real, so a library that plans on the CPU 
 a CPU tensor) plans as it would on a GPU. Reading a fake tensor's values is unanswerable.
 torch.cuda's queries are replaced by functions that take what torch's own take (libraries pass
 `device=` by keyword) and answer from the profile. This is applied the moment torch is imported
-(runtime/activation.py), before the workload sees it.
+(runtime/capture/activation.py), before the workload sees it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from cute_aot.runtime.virtual import (
+from cute_aot.runtime.capture.virtual import known_values, torch_guard
+from cute_aot.runtime.capture.virtual.questions import (
     Unanswerable,
     UnansweredAttribute,
     check_not_made,
     in_assert,
-    known_values,
-    torch_guard,
     unanswerable,
 )
 
@@ -262,7 +261,7 @@ def _answers(profile) -> dict:
 
 def start(profile) -> None:
     """When torch is imported (now, if it is): answer as `profile`, fake CUDA on every thread."""
-    from cute_aot.runtime.activation import after_import
+    from cute_aot.runtime.capture.import_hook import after_import
 
     after_import("torch", lambda: _install(profile))
 

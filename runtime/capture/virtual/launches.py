@@ -5,7 +5,7 @@ another framework) may alias any of them: then nothing known is trusted any long
 
 from __future__ import annotations
 
-from cute_aot.runtime.virtual import known_values
+from cute_aot.runtime.capture.virtual import known_values
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 

@@ -1,42 +1,30 @@
-"""Turn compiled objects of one architecture into a bundle: link, describe, encode."""
+"""Turn compiled objects of one architecture into a bundle: link, describe, encode.
+
+What a bundle says of its families is given (kernels.bundle_facts): the packer knows formats,
+not families, so a server's JIT packs a miss without importing the build."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from cute_aot.aot.link import link_library
 from cute_aot.artifacts import PACKAGE_VERSION, toolchain
 from cute_aot.artifacts.bundle_writer import encode_bundle
+from cute_aot.artifacts.link import link_library
 from cute_aot.artifacts.manifest import Entry, Manifest
-from cute_aot.kernels import family, family_facts
-from cute_aot.kernels.tables import Table
-
-BuildTables = dict[tuple[str, str], Table]  # (family, arch) -> the table keys were enumerated with
-
-
-def table_records(names, arch: str, tables: BuildTables | None) -> dict[str, dict]:
-    """family -> the record of the table its keys for `arch` were enumerated with."""
-    records = {}
-    for name in sorted(names):
-        table = (tables or {}).get((name, arch)) or family(name).default_table(arch)
-        if table is not None:
-            records[name] = table.record()
-    return records
 
 
 def pack_bundle(
     name: str,
     arch: str,
     objects: dict,
+    families: dict[str, dict],
     bundle_version: str = PACKAGE_VERSION,
     sign: Callable[[Manifest], Manifest] | None = None,
-    tables: dict[str, dict] | None = None,
 ) -> tuple[Manifest, bytes]:
-    """objects: key -> {"object": path, "sha256": str, "size": int}. Returns (manifest, bytes).
+    """objects: key -> {"object": path, "sha256": str, "size": int}; families: family -> the
+    facts the manifest records of it (kernels.bundle_facts). Returns (manifest, bytes).
     `sign`: signs the finished manifest (the JIT overlay signs its entries with a local key).
-    `tables`: family -> record of the dispatch table the keys were enumerated with (see
-    table_records), recorded next to the family's facts; None: the packages' own.
 
     Keys are linked in symbol order, so the same objects always give the same bytes.
     """
@@ -58,17 +46,16 @@ def pack_bundle(
         )
         for key in keys
     )
-    families = {name_: family_facts(name_) for name_ in sorted({key.FAMILY for key in keys})}
-    records = table_records(families, arch, None) if tables is None else tables
-    for name_, record in records.items():
-        families[name_]["table"] = record
+    missing = {key.FAMILY for key in keys} - set(families)
+    if missing:
+        raise ValueError(f"bundle {name!r} for {arch}: no facts given for {sorted(missing)}")
     manifest = Manifest(
         name=name,
         arch=arch,
         bundle_version=bundle_version,
         created_by=f"cute-aot {PACKAGE_VERSION}",
         toolchain=toolchain.fingerprint(),
-        families=families,
+        families={family: families[family] for family in sorted(families)},
         library={},
         payload={},
         entries=entries,

@@ -14,9 +14,9 @@ import subprocess
 from importlib import metadata, resources
 from pathlib import Path
 
-from cute_aot.artifacts import settings
-from cute_aot.artifacts.atomic import scratch_folder
-from cute_aot.artifacts.errors import BuildError
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.atomic import scratch_folder
+from cute_aot.artifacts.core.errors import BuildError
 
 CUTLASS_CU13_LIBS = "nvidia-cutlass-dsl-libs-cu13"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cute_aot.runtime import virtual
+from cute_aot.runtime.capture import virtual
+from cute_aot.runtime.capture.virtual import questions
 
 _STARTED = "_cute_aot_compile_calls"
 _UNCHECKED = "_cute_aot_checks_not_made"
@@ -46,6 +47,6 @@ def _where_asked(traceback):
     """The innermost frame of the failure outside torch, cutlass and cute-aot: the test's own
     line, or the library's."""
     for entry in reversed(traceback):
-        if not virtual.plumbing(entry.frame.f_globals.get("__name__", "")):
+        if not questions.plumbing(entry.frame.f_globals.get("__name__", "")):
             return entry
     return traceback[-1]

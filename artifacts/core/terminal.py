@@ -12,7 +12,7 @@ import sys
 
 from rich.console import Console
 
-from cute_aot.artifacts import settings
+from cute_aot.artifacts.core import settings
 
 PIPE_WIDTH = 10_000  # wider than any row a tool prints
 

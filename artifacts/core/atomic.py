@@ -32,10 +32,6 @@ from pathlib import Path
 _OWNED_NAME = re.compile(
     r"^(?:\..+|cute-aot-[a-z-]+)\.pid(\d+)@([0-9a-f]{12})\.[A-Za-z0-9_]+(?:\.tmp)?$"
 )
-# aot/compile_worker.py's object being exported, `.<symbol>.<pid>.tmp.o`: named before the
-# scheme above and left so, because that file's text is part of every build-cache digest
-# (build_cache.worker_fingerprint); it sits in a build's own work folder, on this machine.
-_WORKER_OBJECT = re.compile(r"^\.[A-Za-z0-9_]+\.(\d+)\.tmp\.o$")
 # How long a process that lost the takeover of a stale lock looks for the winner's own lock, to
 # name it (the winner links its lock an instant after removing the stale one).
 TAKEOVER_SETTLE = 1.0
@@ -94,13 +90,9 @@ def remove_dead_leftovers(folder: str | os.PathLike) -> list[Path]:
         return removed
     for entry in entries:
         owned = _OWNED_NAME.match(entry.name)
-        worker = None if owned else _WORKER_OBJECT.match(entry.name)
-        if owned:
-            pid, machine = int(owned[1]), owned[2]
-        elif worker:
-            pid, machine = int(worker[1]), _machine()
-        else:
+        if not owned:
             continue
+        pid, machine = int(owned[1]), owned[2]
         if machine != _machine() or _alive(pid):
             continue
         path = Path(entry.path)

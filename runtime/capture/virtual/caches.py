@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 
-from cute_aot.artifacts.atomic import temporary_name
+from cute_aot.artifacts.core.atomic import temporary_name
 
 # Each library's cache location, as the library reads it from the environment.
 CACHE_VARIABLES = (
@@ -32,7 +32,7 @@ CACHES_OFF = {"FLASHINFER_CUTE_DSL_DISABLE_CACHE": "1", "QUACK_CACHE_ENABLED": "
 
 def isolate() -> str:
     """Point every cache variable into a new folder of this process; returns the folder."""
-    from cute_aot.runtime.at_exit import on_exit
+    from cute_aot.artifacts.core.at_exit import on_exit
 
     # Named as every scratch folder is: a killed process's is removed by the next build.
     folder = os.path.join(tempfile.gettempdir(), temporary_name("cute-aot-virtual", folder=True))

@@ -17,10 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-from cute_aot.artifacts import settings
-from cute_aot.artifacts.atomic import atomic_write, claimed
-from cute_aot.runtime.at_exit import on_exit
-from cute_aot.runtime.notices import warn_once
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.at_exit import on_exit
+from cute_aot.artifacts.core.atomic import atomic_write, claimed
+from cute_aot.artifacts.core.notices import warn_once
 
 __all__ = ["summary", "write_at_exit", "write_report"]
 
@@ -34,7 +34,8 @@ LOCK_WAIT = 60.0
 
 def summary() -> dict:
     """This process's counts."""
-    from cute_aot.runtime import compile_hook, policy, virtual
+    from cute_aot.runtime import compile_hook, policy
+    from cute_aot.runtime.capture import virtual
     from cute_aot.runtime.mode import current_mode
 
     targets = compile_hook.per_target()
@@ -68,14 +69,14 @@ def write_report(path: Path) -> None:
 
 def _counted_over(processes: dict, name: str, fields: tuple) -> list[dict]:
     """The virtual summaries' rows `name` of every process, each subject's times summed."""
-    from cute_aot.runtime import virtual
+    from cute_aot.runtime.capture.virtual import questions
 
     counted: dict[tuple, int] = {}
     for process in processes.values():
         for row in process.get("virtual", {}).get(name, []):
             subject = tuple(row[field] for field in fields)
             counted[subject] = counted.get(subject, 0) + row["times"]
-    return virtual.counted_rows(counted, fields)
+    return questions.counted_rows(counted, fields)
 
 
 def _merged(processes: dict) -> dict:
@@ -91,7 +92,7 @@ def _merged(processes: dict) -> dict:
                 for outcome, number in counts.items():
                     total[outcome] = total.get(outcome, 0) + number
     # virtual GPUs: each question not answered, and each check not made, counted over processes
-    from cute_aot.runtime.virtual import CHECK_FIELDS, QUESTION_FIELDS
+    from cute_aot.runtime.capture.virtual import CHECK_FIELDS, QUESTION_FIELDS
 
     unanswerable = _counted_over(processes, "unanswerable", QUESTION_FIELDS)
     not_checked = _counted_over(processes, "checks_not_made", CHECK_FIELDS)

@@ -1,8 +1,8 @@
 """JSON-lines files: the one reader and the one appender, with one policy for damaged lines.
 
 Every JSON-lines file cute-aot keeps goes through here: miss logs (runtime/misses.py), records
-of `cute.compile` calls (runtime/record.py), aot-tune's results (aot/tools/aot_tune/cli.py), and the
-one-file-per-process copies of the first two (runtime/process_files.py writes those whole).
+of `cute.compile` calls (runtime/capture/record.py), aot-tune's results (aot/tools/aot_tune/cli.py),
+and the one-file-per-process copies of the first two (runtime/process_files.py writes those whole).
 
 The policy, for every such file:
 - A line is kept when it parses as a JSON object. Anything else (a last line cut short by a
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cute_aot.artifacts import urls
-from cute_aot.artifacts.errors import CuteAotError, LineFormatError
+from cute_aot.artifacts.core import urls
+from cute_aot.artifacts.core.errors import CuteAotError, LineFormatError
 
 __all__ = [
     "MAX_LINE_BYTES",
