@@ -71,7 +71,9 @@ def stable_row(row: dict) -> dict:
     return {name: value for name, value in row.items() if name not in VOLATILE_ROW_FIELDS}
 
 
-def _digest(facts: dict) -> str:
+def cache_digest(facts: dict) -> str:
+    """The digest an entry is found by: of its facts (`BuildCache.object_facts`,
+    `BuildCache.bundle_facts`), in the canonical JSON cached entries were keyed by."""
     return json_digest(facts, separators=SPACED)
 
 
@@ -147,37 +149,43 @@ class BuildCache:
     # -- digests ---------------------------------------------------------------------------
 
     def object_digest(self, key, arch: str) -> str:
-        return _digest(
-            {
-                "cache_format": CACHE_FORMAT,
-                "key": key.canonical_json(),
-                "arch": arch,
-                "toolchain": self.toolchain,
-                "source_hash": source_hash(key.FAMILY),
-                "worker": worker_fingerprint(),
-            }
-        )
+        return cache_digest(self.object_facts(key, arch))
+
+    def object_facts(self, key, arch: str) -> dict:
+        """Everything the object of `key` for `arch` depends on (what its digest is of)."""
+        return {
+            "cache_format": CACHE_FORMAT,
+            "key": key.canonical_json(),
+            "arch": arch,
+            "toolchain": self.toolchain,
+            "source_hash": source_hash(key.FAMILY),
+            "worker": worker_fingerprint(),
+        }
 
     def bundle_digest(
         self, name: str, arch: str, bundle_version: str, rows: list[dict], tables: dict
     ) -> str:
         """rows: the report rows of the bundle's objects, in link order; tables: the records
         of the dispatch tables its manifest carries (part of its bytes)."""
+        return cache_digest(self.bundle_facts(name, arch, bundle_version, rows, tables))
+
+    def bundle_facts(
+        self, name: str, arch: str, bundle_version: str, rows: list[dict], tables: dict
+    ) -> dict:
+        """Everything a bundle's bytes depend on (what its digest is of); as bundle_digest."""
         families = sorted({row["family"] for row in rows})
-        return _digest(
-            {
-                "cache_format": CACHE_FORMAT,
-                "name": name,
-                "arch": arch,
-                "bundle_version": bundle_version,
-                "created_by": PACKAGE_VERSION,
-                "toolchain": self.toolchain,
-                "families": {f: family_facts(f) for f in families},
-                "objects": [stable_row(row) for row in rows],
-                "tables": tables,
-                "packer": packer_fingerprint(),
-            }
-        )
+        return {
+            "cache_format": CACHE_FORMAT,
+            "name": name,
+            "arch": arch,
+            "bundle_version": bundle_version,
+            "created_by": PACKAGE_VERSION,
+            "toolchain": self.toolchain,
+            "families": {f: family_facts(f) for f in families},
+            "objects": [stable_row(row) for row in rows],
+            "tables": tables,
+            "packer": packer_fingerprint(),
+        }
 
     # -- objects ---------------------------------------------------------------------------
 

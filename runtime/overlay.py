@@ -39,8 +39,16 @@ def overlay_root() -> Path:
     return settings.cache_dir() / cache_layout.OVERLAY.folder
 
 
-def fingerprint(family: str) -> str:
-    facts = {
+def fingerprint(family: str, facts: dict | None = None) -> str:
+    """The name of `family`'s overlay folder: the digest of its `fingerprint_facts` (`facts`:
+    those, already at hand)."""
+    facts = fingerprint_facts(family) if facts is None else facts
+    return json_digest(facts, separators=SPACED, length=OVERLAY_LENGTH)
+
+
+def fingerprint_facts(family: str) -> dict:
+    """Everything an overlay entry of `family` depends on: a change of any gives a new folder."""
+    return {
         "toolchain": toolchain.fingerprint(),
         "family": family,
         "facts": family_facts(family),
@@ -49,7 +57,6 @@ def fingerprint(family: str) -> str:
         # so that they never set each other's entries aside.
         "signer": signer_key_id(),
     }
-    return json_digest(facts, separators=SPACED, length=OVERLAY_LENGTH)
 
 
 def overlay_path(key, arch: str) -> Path:

@@ -423,41 +423,84 @@ FIXED_TOOLCHAIN = {
 ROUTER_KEY = KEY_IDS[0][:2]
 
 
-def test_build_cache_digests_are_unchanged(tmp_path, monkeypatch):
+def test_build_cache_digests_are_unchanged(tmp_path):
+    """The digests of fixed facts, and that an entry's digest is the digest of its facts, whose
+    names are these: the values that vary by machine are fixed by giving the facts."""
     from cute_aot.aot import build_cache
 
-    monkeypatch.setattr(build_cache, "source_hash", lambda family: "S" * 64)
-    monkeypatch.setattr(
-        build_cache, "worker_fingerprint", lambda: {"modules": "W", "tools": {"cuobjdump": None}}
-    )
-    monkeypatch.setattr(
-        build_cache, "family_facts", lambda f: {"version": 1, "source_hash": "S", "é": [1, 2.5]}
-    )
-    monkeypatch.setattr(build_cache, "packer_fingerprint", lambda: {"code": "P", "zstd": "1.5"})
     cache = build_cache.BuildCache(tmp_path)
-    cache.toolchain = FIXED_TOOLCHAIN
     key = _key(*ROUTER_KEY)
-    assert cache.object_digest(key, "sm_90a") == (
+    facts = cache.object_facts(key, "sm_90a")
+    assert cache.object_digest(key, "sm_90a") == build_cache.cache_digest(facts)
+    assert facts == {
+        "cache_format": build_cache.CACHE_FORMAT,
+        "key": key.canonical_json(),
+        "arch": "sm_90a",
+        "toolchain": cache.toolchain,
+        "source_hash": build_cache.source_hash("router_gemm"),
+        "worker": build_cache.worker_fingerprint(),
+    }
+    fixed = {
+        **facts,
+        "toolchain": FIXED_TOOLCHAIN,
+        "source_hash": "S" * 64,
+        "worker": {"modules": "W", "tools": {"cuobjdump": None}},
+    }
+    assert build_cache.cache_digest(fixed) == (
         "c19e8ff44b36e28b23887102ef59507179e1cb64e1fa45ab584d8baddfcd6e3a"
     )
     rows = [{"family": "router_gemm", "sha256": "x", "size": 3}]
-    assert cache.bundle_digest("n", "sm_90a", "1.0", rows, {"t": {"d": 1}}) == (
+    bundle = ("n", "sm_90a", "1.0", rows, {"t": {"d": 1}})
+    facts = cache.bundle_facts(*bundle)
+    assert cache.bundle_digest(*bundle) == build_cache.cache_digest(facts)
+    assert facts == {
+        "cache_format": build_cache.CACHE_FORMAT,
+        "name": "n",
+        "arch": "sm_90a",
+        "bundle_version": "1.0",
+        "created_by": build_cache.PACKAGE_VERSION,
+        "toolchain": cache.toolchain,
+        "families": {"router_gemm": build_cache.family_facts("router_gemm")},
+        "objects": rows,
+        "tables": {"t": {"d": 1}},
+        "packer": build_cache.packer_fingerprint(),
+    }
+    fixed = {
+        **facts,
+        "toolchain": FIXED_TOOLCHAIN,
+        "families": {"router_gemm": {"version": 1, "source_hash": "S", "é": [1, 2.5]}},
+        "packer": {"code": "P", "zstd": "1.5"},
+    }
+    assert build_cache.cache_digest(fixed) == (
         "a1eb9c14f847d1fe4a06488752a7a15f4ceaf962c9c44c86e097fb83dbe39204"
     )
 
 
-def test_overlay_folder_is_unchanged(monkeypatch):
+def test_overlay_folder_is_unchanged():
+    from cute_aot.artifacts import toolchain
+    from cute_aot.kernels import family_facts
     from cute_aot.runtime import overlay
 
-    monkeypatch.setattr(overlay.toolchain, "fingerprint", lambda: FIXED_TOOLCHAIN)
-    monkeypatch.setattr(
-        overlay, "family_facts", lambda f: {"version": 1, "source_hash": "S", "fam": f}
-    )
-    monkeypatch.setattr(overlay, "packer_identity", lambda: "P" * 64)
-    monkeypatch.setattr(overlay, "signer_key_id", lambda: "K" * 32)
-    assert overlay.fingerprint("router_gemm") == "cf12046b3b5ed2ea7f462702"
+    facts = overlay.fingerprint_facts("router_gemm")
+    assert overlay.fingerprint("router_gemm") == overlay.fingerprint("router_gemm", facts)
+    assert facts == {
+        "toolchain": toolchain.fingerprint(),
+        "family": "router_gemm",
+        "facts": family_facts("router_gemm"),
+        "packer": overlay.packer_identity(),
+        "signer": overlay.signer_key_id(),
+    }
+    fixed = {
+        "toolchain": FIXED_TOOLCHAIN,
+        "family": "router_gemm",
+        "facts": {"version": 1, "source_hash": "S", "fam": "router_gemm"},
+        "packer": "P" * 64,
+        "signer": "K" * 32,
+    }
+    assert overlay.fingerprint("router_gemm", fixed) == "cf12046b3b5ed2ea7f462702"
     where = overlay.overlay_path(_key(*ROUTER_KEY), "sm_90a").relative_to(overlay.overlay_root())
-    assert str(where) == "cf12046b3b5ed2ea7f462702/sm_90a/40940c5b55885675fcf1.cuteaot"
+    folder = overlay.fingerprint("router_gemm")
+    assert str(where) == f"{folder}/sm_90a/40940c5b55885675fcf1.cuteaot"
 
 
 def test_shard_plan_and_signed_record_bytes_are_unchanged():
