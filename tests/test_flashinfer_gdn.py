@@ -22,7 +22,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tests.stubs import RecordingKernel
+from tests.stubs import RecordingKernel, loaded_bundle
 
 pytest.importorskip(
     "flashinfer", reason="needs flashinfer-python (pip install 'cute-aot[flashinfer]')"
@@ -155,19 +155,15 @@ def test_the_public_function_calls_the_bundles_kernel(
     problem = GdnProblem(3, 1, 2, 4, 128, 128)
     expected = family.dispatch(problem, "sm_90a").key
     kernel = RecordingKernel(expected.id)
-    lookups = []
-
-    def bundle_function(family_name, key_id, arch, key=None):
-        lookups.append((family_name, key_id, arch))
-        return kernel if key_id == expected.id else None
-
-    monkeypatch.setattr(REGISTRY, "bundle_function", bundle_function)
+    REGISTRY.add(loaded_bundle(expected, kernel, "sm_90a"))  # served by the real registry
     gdn = ["flashinfer_gdn_decode"]
     assert serve_flashinfer.install(gdn) == {"flashinfer_gdn_decode": "installed"}
     assert serve_flashinfer.install(gdn) == {"flashinfer_gdn_decode": "installed"}  # idempotent
     inputs = call(problem)
     call(problem)  # the second call finds the kernel in FlashInfer's own cache entry
-    assert lookups == [("flashinfer_gdn_decode", expected.id, "sm_90a")]
+    # one lookup, a hit: the second call never asks the registry
+    served = serving.installed("flashinfer_gdn_decode")
+    assert (served.hits, served.misses) == (1, 0)
     assert len(kernel.calls) == 2
     cu_seqlens, q, *_, state, indices, output, stream = kernel.calls[0]
     assert q is inputs["q"] and state.shape == (3 * 4, 128, 128) and output.shape == (3, 1, 4, 128)

@@ -319,23 +319,21 @@ def test_mode_aot_refuses_a_key_no_bundle_holds(patched_cache):
 
 
 def test_a_hit_is_stored_as_flashinfers_own_value(patched_cache, monkeypatch):
-    from cute_aot.runtime import REGISTRY
+    from cute_aot.runtime import REGISTRY, serving
+    from tests.stubs import loaded_bundle
 
-    cache, _ = patched_cache
-    asked = []
-
-    def bundle_function(family, key_id, arch, key=None):
-        asked.append((family, key_id, arch))
-        return "the bundle's function"
-
-    monkeypatch.setattr(REGISTRY, "bundle_function", bundle_function)
+    cache, log = patched_cache
+    key = mx.key_from_flashinfer(MEM_KEY[1], 148)
+    REGISTRY.add(loaded_bundle(key, "the bundle's function", "sm_100a"))  # the real registry
+    served = serving.installed(mx.FAMILY)
     assert MEM_KEY in cache
     assert cache[MEM_KEY] == ("the bundle's function", 148)
-    assert asked == [(mx.FAMILY, mx.key_from_flashinfer(MEM_KEY[1], 148).id, "sm_100a")]
-    assert MEM_KEY in cache and len(asked) == 1  # FlashInfer's dict keeps it
+    assert (served.hits, served.misses) == (1, 0)  # one lookup, of this key on sm_100a
+    assert MEM_KEY in cache and served.hits == 1  # FlashInfer's dict keeps it
     # another GPU (other max_active_clusters) asks for another key; Hopper asks for none
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert (1, MEM_KEY[1]) not in cache and len(asked) == 1
+    assert (1, MEM_KEY[1]) not in cache
+    assert (served.hits, served.misses) == (1, 0) and not log.exists()  # nothing was asked
 
 
 # -- 3, 4. a real build, served to FlashInfer's public function ----------------------------------

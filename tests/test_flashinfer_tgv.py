@@ -24,7 +24,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tests.stubs import RecordingKernel
+from tests.stubs import RecordingKernel, loaded_bundle
 
 pytest.importorskip(
     "flashinfer", reason="needs flashinfer-python (pip install 'cute-aot[flashinfer]')"
@@ -411,25 +411,18 @@ def test_the_public_function_calls_the_bundles_kernel_with_the_swapped_views(
     expected = {call: family.dispatch(TgvProblem(m, n, k, *call), "sm_100a").key for call in calls}
     kernels = {key.id: RecordingKernel(key.id) for key in expected.values()}
     assert len(kernels) == 4  # pdl None and False are one key
-    lookups = []
-
-    def bundle_function(family_name, key_id, arch, key=None):
-        lookups.append((family_name, key_id, arch))
-        return kernels.get(key_id)
-
-    monkeypatch.setattr(REGISTRY, "bundle_function", bundle_function)
+    for key in {key.id: key for key in expected.values()}.values():  # the real registry serves
+        REGISTRY.add(loaded_bundle(key, kernels[key.id], "sm_100a", path=f"{key.id}.cuteaot"))
     assert serve_flashinfer.install(["flashinfer_tgv_gemm"]) == {"flashinfer_tgv_gemm": "installed"}
     assert serve_flashinfer.install(["flashinfer_tgv_gemm"]) == {"flashinfer_tgv_gemm": "installed"}
     for _ in range(2):
         for with_bias, pdl in calls:
             result = flashinfer.mm_bf16(a, b, bias if with_bias else None, pdl, out, backend="tgv")
             assert result is out
-    # one lookup per key (pdl None and False share theirs), then the patched function's cache
-    assert lookups == [
-        ("flashinfer_tgv_gemm", expected[call].id, "sm_100a")
-        for call in calls
-        if call[1] is not None
-    ]
+    # one lookup per key, each a hit (pdl None and False share theirs), then the patched
+    # function's cache
+    served = serving.installed("flashinfer_tgv_gemm")
+    assert (served.hits, served.misses) == (4, 0)
     assert gpu.cache.keys == []  # FlashInfer's own compile was never reached
     weight = b.T  # the row-major [N, K] weight
     for call in calls:
@@ -458,23 +451,19 @@ def test_a_b300_gets_the_sm103a_kernel_and_sm107_tactics_stay_flashinfers(
     gpu, fresh_runtime, monkeypatch
 ):
     kernel = RecordingKernel("any")
-    asked = []
-
-    def bundle_function(family_name, key_id, arch, key=None):
-        asked.append(arch)
-        return kernel
-
-    monkeypatch.setattr(REGISTRY, "bundle_function", bundle_function)
+    key = family.dispatch(TgvProblem(1, 256, 512), "sm_103a").key
+    REGISTRY.add(loaded_bundle(key, kernel, "sm_103a"))  # the real registry: sm_103a's only
     serve_flashinfer.install(["flashinfer_tgv_gemm"])
+    served = serving.installed("flashinfer_tgv_gemm")
     gpu.capability = CAPABILITY["sm_103a"]
     a, b, bias, out = operands(1, 256, 512)
     flashinfer.mm_bf16(a, b, backend="tgv", out=out)
-    assert asked == ["sm_103a"] and len(kernel.calls) == 1
+    assert (served.hits, served.misses) == (1, 0) and len(kernel.calls) == 1
     gpu.capability = (10, 7)  # a Rubin: its tactics and its GPU are FlashInfer's business
     with pytest.raises(FlashInferCompiled):
         flashinfer_tgv.run_tgv_cute_ext(a, b, None, out, False, 30)
     assert gpu.cache.keys[-1][-1] == "sm_107"
-    assert asked == ["sm_103a"]
+    assert (served.hits, served.misses) == (1, 0)  # the Rubin's call asked cute-aot nothing
 
 
 def _stub_bundle(tmp_path, keys_by_arch):
