@@ -223,16 +223,22 @@ def binary_modules(name: str) -> list[str]:
         return []
     own_module = type(found).__module__
     root = found.builder.split(".")[0]
+    # cute-aot's own families: their kernel code only (cute_aot.kernels); settings, errors and
+    # the rest of cute-aot's infrastructure never move a family's identity.
+    scope = KERNELS_PACKAGE if root == "cute_aot" else root
     seen, todo = {KEY_MODULE}, [found.builder]
     while todo:
         module = todo.pop()
         if module in seen or module == own_module:
             continue
         seen.add(module)
-        todo += _imports(module, root)
+        todo += [
+            name for name in _imports(module, root) if name == scope or name.startswith(scope + ".")
+        ]
     return sorted(seen)
 
 
+KERNELS_PACKAGE = "cute_aot.kernels"
 KEY_MODULE = "cute_aot.kernels.keys"
 
 

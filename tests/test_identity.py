@@ -114,3 +114,19 @@ def test_a_describer_change_moves_the_recorded_id_and_the_pinned_id_catches_it(t
     assert edited.returncode == 0, edited.stderr[-2000:]
     moved = edited.stdout.split()
     assert len(moved) == 1 and moved[0] != RECORD_KEY_ID
+
+
+def test_a_family_s_source_hash_covers_kernel_code_only():
+    """A builder that imports cute-aot's infrastructure (errors, settings) does not take it into
+    its family's identity: only modules of cute_aot.kernels are hashed."""
+    from cute_aot.kernels import binary_modules, families, family
+
+    hashed = {
+        name: binary_modules(name) for name in families() if family(name).builder_version is None
+    }
+    assert hashed, "no family identified by its files"
+    outside = {
+        name: [module for module in modules if not module.startswith("cute_aot.kernels.")]
+        for name, modules in hashed.items()
+    }
+    assert not any(outside.values()), outside

@@ -1,4 +1,5 @@
-"""The rooms of the package, one layer each, and every import pointing down:
+"""The rooms of the package (declared in docs/gen_rooms.py, listed in docs/rooms.md), one layer
+each, bottom to top:
 
     core       artifacts/core/     settings, files and locks, JSON-lines, URLs, errors, notices
     artifacts  artifacts/          what a bundle is: format, manifest, verify, sign, ELF, the packer
@@ -8,127 +9,30 @@
     aot        aot/                the build and the operator CLIs (aot-build, aot-cache, aot-tune)
 
 A room imports only rooms below it, deferred imports included (a lazy import is a dependency
-all the same), so the import graph of modules has no cycle at all, and no import exists to break
+all the same), so the module import graph has no cycle at all, and no import exists to break
 one. Read from the import statements (ast), and checked again by importing each room in a fresh
 interpreter: what it loads of cute-aot is of its own room and the rooms below.
 """
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.package_source import PACKAGES, parsed
-
 ROOT = Path(__file__).resolve().parents[1]
-# Bottom to top: (room, the cute_aot package it is). A module's room is its longest match.
-ROOMS = (
-    ("core", "cute_aot.artifacts.core"),
-    ("artifacts", "cute_aot.artifacts"),
-    ("kernels", "cute_aot.kernels"),
-    ("runtime", "cute_aot.runtime"),
-    ("capture", "cute_aot.runtime.capture"),
-    ("aot", "cute_aot.aot"),
-)
-RANK = {room: rank for rank, (room, _) in enumerate(ROOMS)}
-
-
-@dataclass(frozen=True)
-class Import:
-    importer: str  # module doing the import
-    target: str  # module imported (for `from a import b`: a.b when b is a module, else a)
-    line: int
-    module_level: bool  # runs when the importer is imported (not deferred inside a function)
-
-
-def module_files() -> dict[str, Path]:
-    """cute_aot module name -> its source file, for every module of the four folders."""
-    found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            if "__pycache__" in parts:
-                continue
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join(("cute_aot", *parts))] = path
-    return found
-
-
-MODULES = module_files()
-
-
-def within(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
-
-
-def room(module: str) -> str:
-    """The room of a cute_aot module: the longest package of ROOMS that holds it."""
-    matches = [(len(package), name) for name, package in ROOMS if within(module, package)]
-    return max(matches)[1]
-
-
-class _ImportCollector(ast.NodeVisitor):
-    def __init__(self, module: str, is_package: bool):
-        self.module, self.is_package = module, is_package
-        self.function_depth = 0
-        self.found: list[Import] = []
-
-    def _deferred(self, node) -> None:
-        self.function_depth += 1
-        self.generic_visit(node)
-        self.function_depth -= 1
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _deferred
-
-    def _add(self, target: str, node: ast.AST) -> None:
-        self.found.append(Import(self.module, target, node.lineno, self.function_depth == 0))
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            self._add(alias.name, node)
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        base = node.module or ""
-        if node.level:  # relative: resolve against the importer's package
-            package = self.module if self.is_package else self.module.rpartition(".")[0]
-            anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-            base = f"{anchor}.{base}" if base else anchor
-        for alias in node.names:
-            submodule = f"{base}.{alias.name}"
-            # `from cute_aot.runtime import paths` imports the module cute_aot.runtime.paths
-            self._add(submodule if submodule in MODULES else base, node)
-
-
-def imports_of(module: str) -> list[Import]:
-    path = MODULES[module]
-    collector = _ImportCollector(module, path.name == "__init__.py")
-    collector.visit(parsed(path))
-    return collector.found
-
-
-def _owner(target: str) -> str | None:
-    """The module an import target names (`a.b.Name` -> `a.b`), None outside cute_aot."""
-    while target and target not in MODULES:
-        target = target.rpartition(".")[0]
-    return target or None
-
-
-# (importer, imported module) for every import of a cute_aot module by another
-EDGES = [
-    (found, target)
-    for module in MODULES
-    for found in imports_of(module)
-    if (target := _owner(found.target)) is not None and target != module
-]
+_spec = importlib.util.spec_from_file_location("gen_rooms", ROOT / "docs" / "gen_rooms.py")
+gen_rooms = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen_rooms)
+ROOMS, RANK, room, within = gen_rooms.ROOMS, gen_rooms.RANK, gen_rooms.room, gen_rooms.within
+MODULES = gen_rooms.module_files()
+EDGES = [(found, found.target) for found in gen_rooms.imports(MODULES)]
 
 
 def test_the_collector_sees_every_room_and_resolves_imports():
@@ -140,9 +44,8 @@ def test_the_collector_sees_every_room_and_resolves_imports():
     assert deferred, "no deferred import seen: the collector misses function bodies"
     arrows = {(room(found.importer), room(target)) for found, target in EDGES}
     # every room but the lowest uses the one beneath it
-    assert {
-        (upper, lower) for (upper, _), (lower, _) in zip(ROOMS[1:], ROOMS[:-1], strict=True)
-    } <= arrows
+    names = [name for name, _, _ in ROOMS]
+    assert set(zip(names[1:], names[:-1], strict=True)) <= arrows
 
 
 def test_every_import_points_down():
@@ -237,7 +140,7 @@ def test_each_room_imports_only_itself_and_what_is_below_in_a_fresh_interpreter(
     )
     assert result.returncode == 0, f"importing {name} failed:\n{result.stderr[-4000:]}"
     loaded, hooks = json.loads(result.stdout.strip().splitlines()[-1])
-    package = dict(ROOMS)[name]
+    package = next(package for room_, package, _ in ROOMS if room_ == name)
     above = [
         module
         for module in loaded
@@ -248,3 +151,8 @@ def test_each_room_imports_only_itself_and_what_is_below_in_a_fresh_interpreter(
     assert not above, f"importing the {name} room loaded {above}"
     if name == "runtime":  # the server: importing it activates nothing
         assert hooks == [], f"importing the runtime installed import hooks: {hooks}"
+
+
+def test_the_rooms_page_is_what_the_script_writes():
+    """docs/rooms.md: after moving a module or adding one, run python docs/gen_rooms.py."""
+    assert (ROOT / "docs" / "rooms.md").read_text() == gen_rooms.render()
