@@ -16,10 +16,10 @@ decompression, library size and hash. The manifest-only reader makes every check
 size, so a truncated file is refused by it too. Nothing is ever loaded before all pass; every
 failure is a BundleError.
 
-Writing is artifacts/bundle_writer.py's: packer code, whose source is in every build-cache and
-overlay digest (artifacts/fingerprints.py). This reader is not, so that a stricter check or a
-faster read leaves those caches valid; a change of the layout above is a FORMAT_VERSION change,
-which the digest covers.
+Writing is artifacts/bundle_writer.py's: packer code, identified by PACKER_VERSION
+(artifacts/fingerprints.py) in every build-cache and overlay digest. This reader is not packer
+code: a stricter check or a faster read leaves those caches valid; a change of the layout above
+is a FORMAT_VERSION change, which the digest covers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Writing the bundle container (artifacts/bundle.py holds the layout and reads it).
 
-Packer code: this module's source is in every build-cache and overlay digest
-(artifacts/fingerprints.py), because what it writes is in every bundle's bytes.
+Packer code: what it writes is in every bundle's bytes, so a change of those bytes bumps
+PACKER_VERSION (artifacts/fingerprints.py), which is in every build-cache and overlay digest.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ file names, signed records):
     overlay folder              SPACED       24       runtime/overlay.py
 
 The manifest's canonical JSON (artifacts/manifest.py) is the COMPACT form spelled in place: that
-module is packer code, whose source is in every build-cache and overlay digest
-(artifacts/fingerprints.py), so editing it would move every cache entry.
+module is packer code, so a change of the bytes it writes bumps PACKER_VERSION
+(artifacts/fingerprints.py), which moves every cache entry.
 
 The source hash is sha256 over `name\\0bytes\\0` of each source in the order given (a family's
-modules, the packer's, a foreign distribution's files), or over each file's own sha256 where a
+modules, a foreign distribution's files), or over each file's own sha256 where a
 recorded call's key id was made so. Files are read, never imported: servers hash on a miss and
 must not import the build side or cutlass.
 """

@@ -1,6 +1,6 @@
 """The bundle manifest: what a bundle holds, what built it, and the hashes that vouch for it.
 
-Its fields and canonical JSON are packer code, in every build-cache and overlay digest
+Its fields and canonical JSON are packer code: a change of their bytes bumps PACKER_VERSION
 (artifacts/fingerprints.py); reading one back, with its schema checks, is artifacts/bundle.py's.
 """
 
