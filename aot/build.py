@@ -338,12 +338,14 @@ def build(
     jobs: int | None = None,
     show_progress: bool = True,
     cache: BuildCache | None = None,
+    worker: Worker = compile_to_object,
 ) -> list[Path]:
     """Build one bundle per architecture into out_dir; returns their paths.
 
     `plan` is a BuildPlan, or explicitly {arch: [keys]}. A failed key raises BuildError naming
     every failed key and architecture, after the architectures that compiled completely have
-    been written; no bundle file is ever left half-written.
+    been written; no bundle file is ever left half-written. `worker` compiles one key (as
+    run_build's).
     """
     outcome = run_build(
         plan,
@@ -353,6 +355,7 @@ def build(
         jobs=jobs,
         cache=cache,
         show_progress=show_progress,
+        worker=worker,
     )
     if outcome.failed:
         raise BuildError(describe_failures(outcome.failed, len(outcome.rows)))

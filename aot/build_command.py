@@ -30,9 +30,11 @@ from cute_aot.aot import reproducible
 from cute_aot.aot.build import BuildOutcome, merge, run_build
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.aot.build_signing import sign_bundles
+from cute_aot.aot.compile_pool import Worker
+from cute_aot.aot.compile_worker import compile_to_object
 from cute_aot.aot.output import Output
 from cute_aot.aot.planning import PlanRequest, plan_keys
-from cute_aot.aot.report import ConsoleNotes, announce_plan, finish, report_path
+from cute_aot.aot.report import ConsoleNotes, announce_plan, finish, print_plan, report_path
 from cute_aot.aot.shard import Shard, load_shards
 from cute_aot.aot.wheel import write_wheels
 from cute_aot.artifacts.core.errors import CuteAotError
@@ -49,14 +51,21 @@ def build(
     shard: Shard | None,
     check_reproducible: bool,
     write_wheel: bool,
+    dry_run: bool = False,
+    worker: Worker = compile_to_object,
 ) -> None:
     """`aot-build`: plan the keys, build them into one bundle per architecture (or build one
     --shard of them), report; then, if asked, rebuild to check the bundles reproduce, sign them
-    and write their wheels."""
+    and write their wheels. `dry_run`: print the plan's keys (report.print_plan) and build
+    nothing. `worker`: what compiles one key into an object (compile_pool.Worker)."""
     bundle_signer = output.bundle_signer()  # read first: a bad key fails before compiling
     cache = output.cache()
     plan, tables, left_out = plan_keys(ConsoleNotes(console), request)
     announce_plan(console, plan, shard, cache)
+    if dry_run:
+        print_plan(plan, output.as_json)
+        _refuse_left_out(request, left_out)
+        return
     kwargs = {"bundle_version": bundle_version} if bundle_version else {}
 
     def build_into(out_dir: Path, cache: BuildCache | None, **unit) -> BuildOutcome:
@@ -71,6 +80,7 @@ def build(
             show_progress=not output.quiet,
             tables=tables,
             record_tables=not request.exact,
+            worker=worker,
             **unit,
             **kwargs,
         )
@@ -91,6 +101,10 @@ def build(
             sign_bundles(console, outcome.written, bundle_signer)
         if write_wheel and outcome.written:  # after signing: wheels hold bundles as shipped
             write_wheel_files(console, [bundle.path for bundle in outcome.written], output.out_dir)
+    _refuse_left_out(request, left_out)
+
+
+def _refuse_left_out(request: PlanRequest, left_out: list) -> None:
     if left_out:
         raise CuteAotError(
             f"{len(left_out)} recorded call(s) of {request.record_file} not built (listed above)"

@@ -25,7 +25,8 @@ from rich.table import Table
 from cute_aot.aot import build_command
 from cute_aot.aot import models as model_shapes
 from cute_aot.aot.build import buildable_families
-from cute_aot.aot.compile_pool import default_jobs
+from cute_aot.aot.compile_pool import Worker, default_jobs
+from cute_aot.aot.compile_worker import compile_to_object
 from cute_aot.aot.output import Output
 from cute_aot.aot.planning import DEFAULT_ARCHS, PlanRequest, RequestError
 from cute_aot.aot.shard import Shard
@@ -385,6 +386,12 @@ WHEEL_OPTION = click.option(
     is_flag=True,
     help="Then build again from scratch (no cache) and require byte-identical bundles.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Plan only: print the keys each architecture would compile (one line each, or with "
+    "--json one document) and compile nothing.",
+)
 @WHEEL_OPTION
 @output_options
 @click.pass_context
@@ -406,6 +413,7 @@ def main(
     record_file,
     shard,
     check_reproducible,
+    dry_run,
     write_wheel,
     output: Output,
 ):
@@ -418,6 +426,8 @@ def main(
         raise click.UsageError("--check-reproducible needs a whole build, not a --shard")
     if shard and write_wheel:
         raise click.UsageError("--wheel needs whole bundles: pass it to `aot-build merge`")
+    if dry_run and (shard or check_reproducible or write_wheel):
+        raise click.UsageError("--dry-run builds nothing: no --shard/--check-reproducible/--wheel")
     if misses_file and (shapes or models or model_configs):
         raise click.UsageError("--from-misses builds exactly the logged keys: no --shape/--model")
     if record_file and (shapes or models or model_configs or misses_file):
@@ -450,11 +460,22 @@ def main(
             shard=shard,
             check_reproducible=check_reproducible,
             write_wheel=write_wheel,
+            dry_run=dry_run,
+            worker=compile_worker(ctx),
         )
     except RequestError as exc:  # options that contradict each other: a usage error
         raise click.UsageError(str(exc)) from None
     except (CuteAotError, OSError, Stopped) as exc:
         _fail(console, "aot-build", exc, output.as_json)
+
+
+def compile_worker(ctx: click.Context) -> Worker:
+    """What compiles each key: compile_to_object, unless the program that runs aot-build in
+    its own process gives another as click's context object, `main.main(args, obj={"worker":
+    worker})` (a compile_pool.Worker: compile_to_object's arguments and row; importable by name
+    where -j > 1 runs it in worker processes). Tests build with stub compilers so."""
+    given = ctx.find_root().obj
+    return given.get("worker", compile_to_object) if isinstance(given, dict) else compile_to_object
 
 
 def _refuse_build_options(ctx: click.Context) -> None:

@@ -185,6 +185,26 @@ def announce_plan(console: Console, plan: dict[str, list], shard: Shard | None, 
     console.print(line)
 
 
+def print_plan(plan: dict[str, list], as_json: bool) -> None:
+    """`aot-build --dry-run`: the keys each architecture would compile, on stdout. One line per
+    key (architecture, family, key id, its fields), or with --json one document:
+    {"plan": {arch: [{"family", "key_id", "key": its fields}]}}."""
+    if as_json:
+        document = {
+            "plan": {
+                arch: [{"family": k.FAMILY, "key_id": k.id, "key": k.fields()} for k in keys]
+                for arch, keys in plan.items()
+            }
+        }
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
+    else:
+        for arch, keys in plan.items():
+            for key in keys:
+                fields = {name: value for name, value in key.fields().items() if name != "family"}
+                sys.stdout.write(f"{arch} {key.FAMILY} {key.id} {json.dumps(fields)}\n")
+    sys.stdout.flush()
+
+
 def describe_cache_use(cache: BuildCache) -> str:
     """`build cache: 3 objects reused, 2 not found, 1 entry refused as untrusted`"""
     line = f"build cache: {cache.hits} objects reused, {cache.misses} not found"

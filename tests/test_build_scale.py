@@ -33,7 +33,6 @@ from cute_aot.artifacts.core.errors import (
     ModelConfigError,
     NotReproducibleError,
     ShardError,
-    UnsupportedProblemError,
 )
 from cute_aot.kernels import family
 from cute_aot.kernels.router_gemm import RouterGemmKey, dispatch
@@ -197,12 +196,15 @@ def test_failing_and_crashing_keys_are_reported_and_the_rest_builds(tmp_path, co
     assert allowed.incomplete == {"sm_90a": 1}
 
 
-def test_build_raises_build_error_naming_key_and_arch(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        build_module, "run_build", lambda *a, **k: run_build(*a, **k, worker=fake_compile)
-    )
+def test_build_raises_build_error_naming_key_and_arch(tmp_path):
     with pytest.raises(BuildError, match=f"router_gemm key {dot_key(FAIL_M, 64).id} on sm_90a"):
-        build_module.build({"sm_90a": [dot_key(FAIL_M, 64)]}, tmp_path, jobs=1, show_progress=False)
+        build_module.build(
+            {"sm_90a": [dot_key(FAIL_M, 64)]},
+            tmp_path,
+            jobs=1,
+            show_progress=False,
+            worker=fake_compile,
+        )
 
 
 def test_unexpected_worker_exception_becomes_a_failed_row(tmp_path):
@@ -514,23 +516,18 @@ def test_config_with_a_shape_no_kernel_serves_is_refused_by_name(tmp_path):
         shapes_for_models([model_from_config(config)], [family("router_gemm")])
 
 
-def test_model_plan_replaces_the_default_shapes(tmp_path, monkeypatch):
-    seen = {}
-
-    def record(plan, out_dir, **kwargs):
-        seen.update(plan)
-        raise UnsupportedProblemError("stop here")
-
-    monkeypatch.setattr("cute_aot.aot.build_command.run_build", record)
+def test_model_plan_replaces_the_default_shapes(tmp_path):
     args = ["--model", "gpt-oss-120b,deepseek-v4-flash", "--arch", "sm_90a,sm_103a", "--no-cache"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 1 and "stop here" in result.output
+    result = CliRunner().invoke(main, [*args, "--dry-run", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    seen = json.loads(result.stdout)["plan"]
     assert list(seen) == ["sm_90a", "sm_103a"]
     for arch, keys in seen.items():
         want = {
             dispatch(m, n, k, arch) for n, k in [(128, 2880), (256, 4096)] for m in range(1, 17)
         }
-        assert set(keys) == want
+        assert {RouterGemmKey.from_fields(key["key"]) for key in keys} == want
+    assert list(tmp_path.iterdir()) == []  # a dry run builds nothing
 
 
 # -- CLI -----------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import functools
 import hashlib
 import json
 import os
@@ -25,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cute_aot.aot import build, wheel
+from cute_aot.aot import wheel
 from cute_aot.aot.cli import main as aot_build
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from cute_aot.artifacts import PACKAGE_VERSION, signing
@@ -179,14 +178,10 @@ def test_a_corrupt_bundle_is_refused_and_nothing_written(stub_bundles, tmp_path)
     assert not (tmp_path / "w").exists()
 
 
-def test_aot_build_wheel_option_writes_them_beside_the_bundles(monkeypatch, tmp_path):
-    monkeypatch.setattr(
-        "cute_aot.aot.build_command.run_build",
-        functools.partial(build.run_build, worker=stub_compile),
-    )
+def test_aot_build_wheel_option_writes_them_beside_the_bundles(tmp_path):
     args = ["--arch", "sm_90a", "--families", "router_gemm", "--no-default-shapes"]
     args += ["--shape", "router_gemm:256,7168", "--no-cache", "--quiet", "--out", str(tmp_path)]
-    result = CliRunner().invoke(aot_build, [*args, "--wheel"])
+    result = CliRunner().invoke(aot_build, [*args, "--wheel"], obj={"worker": stub_compile})
     assert result.exit_code == 0, result.output
     [bundle] = tmp_path.glob("*.cuteaot")
     [written] = tmp_path.glob("*.whl")

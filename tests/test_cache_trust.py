@@ -8,7 +8,6 @@ real pool, cache, link, pack and CLI code runs in seconds without cutlass.
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from dataclasses import dataclass, replace
@@ -20,8 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cute_aot.aot import build as build_module
-from cute_aot.aot import build_command, cli
-from cute_aot.aot.build import run_build
+from cute_aot.aot import cli
 from cute_aot.aot.build_cache import BuildCache
 from cute_aot.artifacts import signing
 from cute_aot.artifacts.bundle import read_manifest
@@ -235,9 +233,6 @@ def test_cache_signatures_never_pass_for_manifest_signatures(keys):
 @pytest.fixture
 def aot_build(tmp_path, monkeypatch, settings_scope):
     """`aot-build --from-misses <PLAN's keys> ARGS...` with the stand-in compile worker."""
-    monkeypatch.setattr(
-        build_command, "run_build", functools.partial(run_build, worker=fake_compile)
-    )
     settings_scope(CUTE_AOT_CACHE_DIR=str(tmp_path / "default-cache"))
     log = tmp_path / "misses.jsonl"
     log.write_text(
@@ -251,7 +246,8 @@ def aot_build(tmp_path, monkeypatch, settings_scope):
     def invoke(*args):
         if args[0] != "merge":
             args = ("--from-misses", log, "-j", "1", *args)
-        return CliRunner().invoke(cli.main, [*map(str, args)])
+        # the stand-in compiler as the compile worker (aot/cli.py: compile_worker)
+        return CliRunner().invoke(cli.main, [*map(str, args)], obj={"worker": fake_compile})
 
     return invoke
 

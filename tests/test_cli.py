@@ -18,7 +18,6 @@ import cute_aot.kernels as kernels
 from cute_aot.aot.build import BuildPlan
 from cute_aot.aot.cli import main, parse_shape_option
 from cute_aot.aot.models import preset, shapes_for_models
-from cute_aot.artifacts.core.errors import CuteAotError
 from cute_aot.kernels import Dispatch, KernelFamily, TensorArg, family
 from cute_aot.kernels.keys import KernelKey
 
@@ -70,17 +69,18 @@ def router_keys(arch: str, shapes) -> set:
 
 
 def planned(monkeypatch, *args: str) -> tuple[dict[str, list], str]:
-    """The {arch: keys} `aot-build ARGS` would compile, and what it printed until then."""
-    seen: dict[str, list] = {}
-
-    def record(plan, out_dir, **kwargs):
-        seen.update(plan)
-        raise CuteAotError("stop before compiling")
-
-    monkeypatch.setattr("cute_aot.aot.build_command.run_build", record)
-    result = CliRunner().invoke(main, [*args, "--no-cache", "--quiet"])
-    assert result.exit_code == 1, result.output
-    assert "stop before compiling" in result.output
+    """The {arch: keys} `aot-build ARGS` would compile (its --dry-run), and what it printed."""
+    result = CliRunner().invoke(main, [*args, "--no-cache", "--quiet", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    seen = {
+        arch: [family(key["family"]).Key.from_fields(key["key"]) for key in keys]
+        for arch, keys in plan.items()
+    }
+    for keys in plan.values():
+        assert all(
+            key["key_id"] == family(key["family"]).Key.from_fields(key["key"]).id for key in keys
+        )
     return seen, result.output
 
 
@@ -351,3 +351,20 @@ def test_the_build_reaches_families_only_through_the_contract():
     files = [path for path in aot.rglob("*") if path.is_file() and "__pycache__" not in path.parts]
     naming = [path.name for path in files if b"router_gemm" in path.read_bytes()]
     assert naming == []
+
+
+def test_dry_run_prints_each_planned_key_and_builds_nothing(tmp_path):
+    args = ["--families", ROUTER, "--no-default-shapes", "--shape", "256,7168", "--arch", "sm_90a"]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [*args, "--out", str(out), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    keys = router_keys("sm_90a", [(256, 7168)])
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(keys) > 0
+    for line, key in zip(lines, sorted(keys, key=lambda key: key.symbol), strict=True):
+        arch, name, key_id, fields = line.split(" ", 3)
+        assert (arch, name, key_id) == ("sm_90a", ROUTER, key.id)
+        assert family(ROUTER).Key.from_fields(json.loads(fields)) == key
+    assert not out.exists()
+    refused = CliRunner().invoke(main, [*args, "--dry-run", "--wheel"])
+    assert refused.exit_code == 2 and "--dry-run builds nothing" in refused.output

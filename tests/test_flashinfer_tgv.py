@@ -343,22 +343,19 @@ def test_keys_from_flashinfers_autotuning_file_are_the_ones_it_then_asks_for(gpu
 
 
 def _planned_keys(tuning_file, options) -> dict:
-    """The keys `aot-build --arch sm100a --flashinfer-tuned FILE OPTIONS` would compile."""
-    from cute_aot.aot import build_command, cli
+    """The keys `aot-build --arch sm100a --flashinfer-tuned FILE OPTIONS` would compile (its
+    --dry-run)."""
+    from cute_aot.aot import cli
+    from cute_aot.kernels import family as installed
 
-    class Planned(Exception):
-        pass
-
-    def run_build(plan, *args, **kwargs):
-        raise Planned(plan)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(build_command, "run_build", run_build)
-        result = CliRunner().invoke(
-            cli.main, ["--arch", "sm100a", "--flashinfer-tuned", str(tuning_file), *options]
-        )
-    assert isinstance(result.exception, Planned), result.output
-    return result.exception.args[0]
+    args = ["--arch", "sm100a", "--flashinfer-tuned", str(tuning_file), *options]
+    result = CliRunner().invoke(cli.main, [*args, "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)["plan"]
+    return {
+        arch: [installed(key["family"]).Key.from_fields(key["key"]) for key in keys]
+        for arch, keys in plan.items()
+    }
 
 
 # -- the placeholders we compile from are FlashInfer's compile tensors -------------------------

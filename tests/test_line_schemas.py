@@ -7,7 +7,6 @@ readers are not touched."""
 
 from __future__ import annotations
 
-import functools
 import json
 import warnings
 from pathlib import Path
@@ -15,8 +14,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cute_aot.aot import build_command
-from cute_aot.aot.build import run_build
 from cute_aot.aot.cli import main as aot_build
 from cute_aot.aot.tools.aot_cache.cli import main as aot_cache
 from tests.stubs import stub_compile
@@ -61,19 +58,18 @@ def _write_lines(path: Path, lines: list[dict]) -> Path:
 
 
 @pytest.fixture
-def stub_compiler(monkeypatch, settings_scope, tmp_path):
-    """aot-build with stub objects for the CuTe DSL compiler: the build, link and pack are real."""
-    monkeypatch.setattr(
-        build_command, "run_build", functools.partial(run_build, worker=stub_compile)
-    )
+def stub_compiler(settings_scope, tmp_path) -> dict:
+    """aot-build's context object giving stub objects for the CuTe DSL compiler (aot/cli.py:
+    compile_worker): the build, link and pack are real."""
     settings_scope(CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"))
+    return {"worker": stub_compile}
 
 
-def _invoke(command, args: list) -> tuple:
+def _invoke(command, args: list, obj: dict | None = None) -> tuple:
     """(result, warnings said) of a command line, every warning kept."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        result = CliRunner().invoke(command, [*map(str, args)])
+        result = CliRunner().invoke(command, [*map(str, args)], obj=obj)
     return result, [str(warning.message) for warning in said]
 
 
@@ -89,7 +85,9 @@ def test_a_record_line_of_the_wrong_shape_is_skipped_and_the_rest_built(
 ):
     record = _write_lines(tmp_path / "calls.jsonl", [bad, GOOD_RECORD])
     out = tmp_path / "out"
-    result, said = _invoke(aot_build, ["--from-record", record, "--out", out, "--no-cache"])
+    result, said = _invoke(
+        aot_build, ["--from-record", record, "--out", out, "--no-cache"], stub_compiler
+    )
     assert result.exit_code == 0, result.output
     _one_warning_naming(said, record, 1, field)
     assert (out / "default-sm_90a.cuteaot").is_file()
@@ -101,7 +99,9 @@ def test_a_miss_line_of_the_wrong_shape_is_skipped_and_the_rest_built(
 ):
     log = _write_lines(tmp_path / "misses.jsonl", [GOOD_MISS, bad])
     out = tmp_path / "out"
-    result, said = _invoke(aot_build, ["--from-misses", log, "--out", out, "--no-cache"])
+    result, said = _invoke(
+        aot_build, ["--from-misses", log, "--out", out, "--no-cache"], stub_compiler
+    )
     assert result.exit_code == 0, result.output
     _one_warning_naming(said, log, 2, field)
     assert (out / "default-sm_90a.cuteaot").is_file()

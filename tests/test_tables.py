@@ -278,13 +278,8 @@ def test_shards_carry_the_table_into_the_merged_bundles(tmp_path):
 
 def _cli_build(monkeypatch, tmp_path, *args) -> Path:
     """`aot-build ARGS` with stub kernels (the real plan, link, pack and manifest)."""
-    import functools
-
-    from cute_aot.aot import build as build_module
     from cute_aot.aot.cli import main as aot_build
 
-    stub_run = functools.partial(build_module.run_build, worker=stub_compile)
-    monkeypatch.setattr("cute_aot.aot.build_command.run_build", stub_run)
     out = tmp_path / "out"
     result = CliRunner().invoke(
         aot_build,
@@ -299,6 +294,7 @@ def _cli_build(monkeypatch, tmp_path, *args) -> Path:
             "--no-cache",
             "--quiet",
         ],
+        obj={"worker": stub_compile},  # the compile worker (aot/cli.py: compile_worker)
     )
     assert result.exit_code == 0, result.output
     return out / f"default-{ARCH}.cuteaot"
