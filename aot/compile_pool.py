@@ -90,8 +90,12 @@ def usable_cores() -> int:
 
 def default_jobs() -> int:
     """One worker per usable core, fewer when memory cannot hold that many workers."""
-    cores = usable_cores()
-    memory = available_memory()
+    return jobs_for(usable_cores(), available_memory())
+
+
+def jobs_for(cores: int, memory: int | None) -> int:
+    """Workers for `cores` usable cores and `memory` available bytes (None: unknown): one per
+    core, as many as the memory holds at WORKER_MEMORY_BYTES each, at least one."""
     by_memory = cores if memory is None else memory // WORKER_MEMORY_BYTES
     return max(1, min(cores, by_memory))
 

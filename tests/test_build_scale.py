@@ -143,14 +143,13 @@ def test_shard_spec_accepts_ci_spellings():
 # -- worker count --------------------------------------------------------------------------------
 
 
-def test_default_jobs_is_cores_bounded_by_memory(monkeypatch):
-    monkeypatch.setattr(compile_pool, "usable_cores", lambda: 8)
-    monkeypatch.setattr(compile_pool, "available_memory", lambda: None)
-    assert compile_pool.default_jobs() == 8
-    monkeypatch.setattr(compile_pool, "available_memory", lambda: 1000 << 20)
-    assert compile_pool.default_jobs() == 3  # 1000 MB / ~300 MB per worker
-    monkeypatch.setattr(compile_pool, "available_memory", lambda: 10 << 20)
-    assert compile_pool.default_jobs() == 1
+def test_default_jobs_is_cores_bounded_by_memory():
+    assert compile_pool.jobs_for(8, None) == 8
+    assert compile_pool.jobs_for(8, 1000 << 20) == 3  # 1000 MB / ~300 MB per worker
+    assert compile_pool.jobs_for(8, 10 << 20) == 1
+    assert compile_pool.jobs_for(2, 1000 << 30) == 2
+    # this machine's: at most its cores (its available memory moves between two reads)
+    assert 1 <= compile_pool.default_jobs() <= compile_pool.usable_cores()
 
 
 def test_available_memory_reads_this_machine():
