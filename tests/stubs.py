@@ -6,7 +6,10 @@ build, link and pack; only tests about the kernels themselves need cross-compile
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 from cute_aot.kernels import family
@@ -63,6 +66,22 @@ class RecordingKernel:
 
     def __call__(self, *args):
         self.calls.append(args)
+
+
+def without_cutlass(monkeypatch) -> None:
+    """nvidia-cutlass-dsl as not installed, for one test (a server without the [build] extra):
+    importlib finds no `cutlass` and importing it fails. The package cute-aot's JIT imports is
+    what is faked, not cute-aot: its own check (`jit.jit_available`) runs as on such a server."""
+    monkeypatch.setitem(sys.modules, "cutlass", None)
+
+
+def with_cutlass_found(monkeypatch) -> None:
+    """nvidia-cutlass-dsl as installed, for one test whose family's compile is a stand-in that
+    never imports it: importlib finds `cutlass` (where it is not installed, an empty module)."""
+    if importlib.util.find_spec("cutlass") is None:
+        module = types.ModuleType("cutlass")
+        module.__spec__ = importlib.util.spec_from_loader("cutlass", loader=None)
+        monkeypatch.setitem(sys.modules, "cutlass", module)
 
 
 def register_family(monkeypatch, found) -> None:

@@ -2,8 +2,9 @@
 
 No GPU: the op runs on a fake H200 (tests/fake_gpu.py: torch answers from the virtual device's
 profile, and the inputs are CPU tensors that say they lie on cuda:0), so its own validation and
-resolution run unmodified; JIT availability is monkeypatched, and bundles are LoadedBundle values
-whose "library" is a dict of Python functions, so nothing is compiled or dlopened.
+resolution run unmodified; nvidia-cutlass-dsl is hidden, or found where a test's compile is a
+stand-in (tests/stubs.py), and bundles are LoadedBundle values whose "library" is a dict of
+Python functions, so nothing is compiled or dlopened.
 """
 
 import threading
@@ -14,11 +15,11 @@ import torch
 
 from cute_aot.artifacts.core.errors import InputError, JitUnavailableError
 from cute_aot.kernels import family
-from cute_aot.runtime import REGISTRY, jit, ops, set_mode
+from cute_aot.runtime import REGISTRY, ops, set_mode
 from cute_aot.runtime.loader import LoadedBundle
 from cute_aot.runtime.misses import miss_log_path, read_misses
 from tests.fake_gpu import GPU, on_gpu
-from tests.stubs import loaded_bundle
+from tests.stubs import loaded_bundle, with_cutlass_found, without_cutlass
 
 ARCH = "sm_90a"  # the fake GPU's (an H200)
 ROUTER = family("router_gemm")
@@ -44,7 +45,7 @@ def _inputs(dtype=torch.bfloat16):
 
 
 def _no_jit(monkeypatch):
-    monkeypatch.setattr(jit, "jit_available", lambda: False)
+    without_cutlass(monkeypatch)
 
 
 def test_a_torch_fallback_is_replaced_once_a_bundle_brings_the_kernel(router_op, monkeypatch):
@@ -105,7 +106,7 @@ def test_the_cached_torch_fallback_checks_its_inputs(router_op, monkeypatch):
 def test_auto_falls_back_to_torch_when_jit_fails_in_any_way(router_op, monkeypatch, failure):
     """Bug 3: a broken cutlass-dsl, a compile error or an export error falls back in auto
     (one warning, one miss record), and raises in jit mode."""
-    monkeypatch.setattr(jit, "jit_available", lambda: True)
+    with_cutlass_found(monkeypatch)
 
     def broken(self, key, arch):
         raise failure

@@ -34,7 +34,7 @@ from cute_aot.runtime import REGISTRY, jit, policy, resolution, set_mode
 from cute_aot.runtime.loader import LoadedBundle
 from cute_aot.runtime.serving import Serving
 from tests.package_source import ROOT, package_files, parsed
-from tests.stubs import loaded_bundle
+from tests.stubs import loaded_bundle, without_cutlass
 
 ARCH = "sm_90a"
 ROUTER = family("router_gemm")
@@ -78,8 +78,8 @@ def _arrange(monkeypatch, have: set, broken: set) -> list:
 
         monkeypatch.setattr(jit, "jit_available", lambda: True)
         monkeypatch.setattr(jit, "compiled_function", compiled)
-    else:  # the real JIT, as on a server without cutlass-dsl
-        monkeypatch.setattr(jit, "jit_available", lambda: False)
+    else:  # the real JIT, on a server without cutlass-dsl
+        without_cutlass(monkeypatch)
     return published
 
 

@@ -30,7 +30,7 @@ from cute_aot.runtime.misses import miss_log_path, read_misses, record_miss
 from cute_aot.runtime.resolution import key_function
 from tests.fake_gpu import on_gpu
 from tests.faults import fill, read_only_folder, small_tmpfs
-from tests.stubs import loaded_bundle
+from tests.stubs import loaded_bundle, without_cutlass
 
 ARCH = "sm_90a"  # the fake GPU's (an H200)
 ROUTER = family("router_gemm")
@@ -55,7 +55,7 @@ def _inputs(problem=PROBLEM):
 
 
 def _no_jit(monkeypatch):
-    monkeypatch.setattr(jit, "jit_available", lambda: False)
+    without_cutlass(monkeypatch)
 
 
 def _reference(x, w):

@@ -294,9 +294,10 @@ def test_named_numbers_build_a_router_with_more_experts_than_hidden_size():
 def router_op(fresh_runtime, fake_gpu, monkeypatch):
     """The router op on a fake sm_90a GPU, with no bundle and no JIT: preload resolves to the
     torch reference, which is enough to see which shapes a problem was read as."""
-    from cute_aot.runtime import jit, ops
+    from cute_aot.runtime import ops
+    from tests.stubs import without_cutlass
 
-    monkeypatch.setattr(jit, "jit_available", lambda: False)
+    without_cutlass(monkeypatch)
     return ops.family_op("router_gemm")
 
 
