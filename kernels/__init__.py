@@ -17,7 +17,7 @@ from pathlib import Path
 from cute_aot.artifacts.core.errors import UnsupportedProblemError
 from cute_aot.artifacts.digest import file_source, source_digest
 from cute_aot.artifacts.digest import module_file as _module_file
-from cute_aot.artifacts.digest import module_source as _module_source  # tests patch it here
+from cute_aot.artifacts.digest import module_source as _module_source
 from cute_aot.kernels.contract import (
     CAPABILITIES,
     Adapter,

@@ -65,16 +65,17 @@ def test_set_aside_leaves_a_file_that_replaced_the_refused_one(fresh_runtime):
     assert path.read_bytes() == b"someone else's good entry"
 
 
-def test_overlay_fingerprint_covers_what_changes_the_bytes(fresh_runtime, monkeypatch):
+def test_overlay_fingerprint_covers_what_changes_the_bytes(fresh_runtime):
     base = overlay.fingerprint("router_gemm")
     assert base == overlay.fingerprint("router_gemm")
-    facts = kernels.family_facts("router_gemm")
-    for changed in ({**facts, "abi": []}, {**facts, "version": 99}):
-        monkeypatch.setattr(overlay, "family_facts", lambda name, changed=changed: changed)
-        assert overlay.fingerprint("router_gemm") != base
-    monkeypatch.undo()
-    monkeypatch.setattr(overlay, "packer_identity", lambda: "other packer or format version")
-    assert overlay.fingerprint("router_gemm") != base
+    facts = overlay.fingerprint_facts("router_gemm")
+    assert base == overlay.fingerprint("router_gemm", facts)  # the folder is the facts' digest
+    family = kernels.family_facts("router_gemm")
+    assert facts["facts"] == family and facts["packer"] == overlay.packer_identity()
+    for changed in ({**family, "abi": []}, {**family, "version": 99}):
+        assert overlay.fingerprint("router_gemm", {**facts, "facts": changed}) != base
+    other_packer = {**facts, "packer": "other packer or format version"}
+    assert overlay.fingerprint("router_gemm", other_packer) != base
 
 
 def test_the_packer_identity_moves_with_the_format_and_the_packer_version():
@@ -90,20 +91,9 @@ def test_the_packer_identity_moves_with_the_format_and_the_packer_version():
     assert packer_identity() == packer_identity(FORMAT_VERSION, PACKER_VERSION)
 
 
-def _source_hash_with(monkeypatch, module, suffix=b"\n# changed\n"):
-    real = kernels._module_source
-    monkeypatch.setattr(
-        kernels, "_module_source", lambda name: real(name) + (suffix if name == module else b"")
-    )
-    kernels.source_hash.cache_clear()
-    try:
-        return kernels.source_hash("router_gemm")
-    finally:
-        monkeypatch.undo()
-        kernels.source_hash.cache_clear()
+def test_source_hash_covers_the_code_that_shapes_binaries_and_nothing_else():
+    from cute_aot.artifacts.digest import module_source, source_digest
 
-
-def test_source_hash_covers_the_code_that_shapes_binaries_and_nothing_else(monkeypatch):
     base = kernels.source_hash("router_gemm")
     modules = kernels.binary_modules("router_gemm")
     assert modules == [
@@ -112,10 +102,13 @@ def test_source_hash_covers_the_code_that_shapes_binaries_and_nothing_else(monke
         "cute_aot.kernels.router_gemm.dot_product",
         "cute_aot.kernels.router_gemm.split_k",
     ]
-    for module in modules:
-        assert _source_hash_with(monkeypatch, module) != base, module
+    sources = {module: module_source(module) for module in modules}
+    assert base == source_digest(sorted(sources.items()))  # exactly these files, as installed
+    for module in modules:  # a change to any of them changes the hash
+        changed = {**sources, module: sources[module] + b"\n# changed\n"}
+        assert source_digest(sorted(changed.items())) != base, module
     # the dispatch rule and its tuned tables choose keys; they never change a key's binary
-    assert _source_hash_with(monkeypatch, "cute_aot.kernels.router_gemm") == base
+    assert "cute_aot.kernels.router_gemm" not in modules
     assert kernels.source_hash("router_gemm") == base
 
 
