@@ -5,11 +5,14 @@ build, link and pack; only tests about the kernels themselves need cross-compile
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import importlib.util
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 from cute_aot.kernels import family
@@ -84,12 +87,31 @@ def with_cutlass_found(monkeypatch) -> None:
         monkeypatch.setitem(sys.modules, "cutlass", module)
 
 
-def register_family(monkeypatch, found) -> None:
-    """Install `found` as a family for one test, beside the real ones, as its entry point would."""
+@contextlib.contextmanager
+def installed_families(site: Path, **points: str) -> Iterator[Path]:
+    """Families installed for the block as another project's package installs them: a
+    distribution's metadata in `site` (a `.dist-info` folder whose entry_points.txt names each
+    `name = "module:object"` under cute_aot.families), `site` on sys.path. cute-aot finds them
+    through importlib.metadata as it finds any plug-in. Yields the `.dist-info` folder (removing
+    it uninstalls them, as pip does); discovery is forgotten when the block starts and ends."""
     from cute_aot import kernels
 
-    monkeypatch.setattr(kernels, "_points", {**kernels._entry_points(), found.name: None})
-    monkeypatch.setitem(kernels._loaded, found.name, found)
+    info = site / "cute_aot_test_families-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: cute-aot-test-families\nVersion: 0\n"
+    )
+    lines = [f"{name} = {value}\n" for name, value in points.items()]
+    (info / "entry_points.txt").write_text("[cute_aot.families]\n" + "".join(lines))
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    kernels.forget_families()
+    try:
+        yield info
+    finally:
+        sys.path.remove(str(site))
+        importlib.invalidate_caches()
+        kernels.forget_families()
 
 
 def loaded_bundle(key, function, arch: str, *, path="fake.cuteaot", name="fake", facts=None):

@@ -32,7 +32,7 @@ from cute_aot.kernels.keys import KernelKey
 from cute_aot.kernels.router_gemm import RouterProblem, dispatch
 from cute_aot.runtime import overlay
 from cute_aot.runtime.misses import forget_recorded, record_miss
-from tests.stubs import register_family
+from tests.stubs import installed_families
 
 from .conftest import PROBLEMS
 
@@ -515,9 +515,15 @@ class ToyFamily(KernelFamily):
 
 
 @pytest.fixture
-def toy_family(monkeypatch):
-    """ToyFamily installed next to the real ones, as an entry point of another package would be."""
-    register_family(monkeypatch, ToyFamily())
+def toy_package(tmp_path):
+    """ToyFamily installed next to the real ones, by the entry point of another package; its
+    .dist-info folder."""
+    with installed_families(tmp_path / "site", toy_scale=f"{__name__}:ToyFamily") as info:
+        yield info
+
+
+@pytest.fixture
+def toy_family(toy_package):
     return families()["toy_scale"]
 
 
@@ -549,14 +555,14 @@ def test_explain_says_when_a_family_is_not_built_for_the_arch(toy_family):
     assert "sm_100a: no key" in text and "it supports sm_90a" in text
 
 
-def test_explain_finds_families_when_it_runs_and_refuses_unknown_ones(toy_family, monkeypatch):
+def test_explain_finds_families_when_it_runs_and_refuses_unknown_ones(toy_package):
     unknown = run("explain", "no_such_family", "--shape", "1", code=2)
     assert "'no_such_family' is not an installed kernel family" in unknown.output
     assert "router_gemm" in unknown.output and "toy_scale" in unknown.output
     from cute_aot import kernels
 
-    uninstalled = {n: p for n, p in kernels._entry_points().items() if n != "toy_scale"}
-    monkeypatch.setattr(kernels, "_points", uninstalled)  # no list fixed at import time
+    shutil.rmtree(toy_package)  # uninstalled as pip does, and found again in this process:
+    kernels.forget_families()  # no list fixed at import time
     assert (
         "'toy_scale' is not an installed"
         in run("explain", "toy_scale", "--shape", "1", code=2).output
