@@ -49,9 +49,10 @@ from cute_aot.artifacts.manifest import Entry, Manifest
 from cute_aot.artifacts.verify import check_dynamic
 from cute_aot.kernels import family
 from cute_aot.kernels.router_gemm import dispatch
-from cute_aot.runtime import REGISTRY, jit, loader, registry, set_mode
+from cute_aot.runtime import REGISTRY, jit, loader, set_mode
 from cute_aot.runtime.loader import open_bundle
 from cute_aot.runtime.resolution import key_function
+from tests.fake_gpu import fake_gpu_of
 from tests.stubs import stub_value
 
 ARCH = "sm_90a"
@@ -641,11 +642,11 @@ def test_auto_mode_skips_a_bad_bundle_with_one_warning_and_falls_back(
     case = MATRIX[name]
     path = _write(tmp_path, case.make(tmp_path, good, keys, Patches(monkeypatch, trust_env)))
     trust_env(CUTE_AOT_BUNDLES=str(path))
-    monkeypatch.setattr(registry, "current_gpu_arch", lambda: case.gpu_arch)
     compiled = object()
     monkeypatch.setattr(jit, "compiled_function", lambda key, arch, publish: compiled)
     key = family("router_gemm").Key.from_fields(good.manifest.entries[0].key)
-    with warnings.catch_warnings(record=True) as seen:
+    # the registry loads for the architecture of this process's GPU: a fake one of the case's
+    with fake_gpu_of(case.gpu_arch), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         REGISTRY.load_from_env()
         REGISTRY.load_from_env()
