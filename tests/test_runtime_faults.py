@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from cute_aot.kernels import family
 from cute_aot.runtime import REGISTRY, jit, load_bundles, mode, ops, policy, set_mode
 from cute_aot.runtime.loader import LoadedBundle, open_bundle
 from cute_aot.runtime.misses import miss_log_path, read_misses, record_miss
+from cute_aot.runtime.registry import ENV_RETRY_SECONDS
 from cute_aot.runtime.resolution import key_function
 from tests.fake_gpu import on_gpu
 from tests.faults import fill, read_only_folder, small_tmpfs
@@ -129,7 +131,7 @@ def test_a_bundle_folder_that_appears_later_is_loaded(
     assert policy.counters()["router_gemm"]["hits"] == 0
     served = []
     folder.mkdir()
-    monkeypatch.setattr(REGISTRY, "_env_failed", {})  # instead of waiting a second
+    time.sleep(ENV_RETRY_SECONDS)  # the registry tries a failed source again after this
 
     def kernel(x, w, out):
         served.append(1)
