@@ -143,6 +143,18 @@ def test_a_compiled_region_runs_eagerly_and_records_the_kernel_it_calls(training
     assert 1024 in _blocks(records)
 
 
+def test_an_op_s_cuda_kernel_registered_with_library_impl_runs_and_records_its_kernel(training):
+    """vLLM registers its ops' CUDA kernels with Library.impl: a fake would launch nothing."""
+    cases, records, _ = training
+    assert cases["library_kernel"] == {
+        "case": "library_kernel",
+        "ok": True,
+        "shape": [4096],
+        "device": "cuda:0",
+    }
+    assert 384 in _blocks(records)
+
+
 def test_a_graph_capture_runs_its_work_and_a_replay_launches_nothing(training):
     cases, records, _ = training
     assert cases["graph_capture"] == {

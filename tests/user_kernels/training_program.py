@@ -2,8 +2,9 @@
 an autograd Function whose forward and backward each launch the user kernel
 (tests/user_kernels/scale.py; block 128 forward, 256 backward), host reads of index tensors, a
 numeric check mid-way followed by a kernel (block 64), an `assert torch.equal` of launch outputs
-followed by a kernel (block 32), a CUDA-graph capture that launches the kernel (block 512), and a
-`torch.compile(fullgraph=True)` region that calls it as a custom op (block 1024). It imports
+followed by a kernel (block 32), a CUDA-graph capture that launches the kernel (block 512), a
+`torch.compile(fullgraph=True)` region that calls it as a custom op (block 1024), and an op whose
+CUDA kernel is registered with `Library.impl`, as vLLM registers its ops (block 384). It imports
 nothing of cute-aot. Each case prints one JSON line,
 {"case": ..., "ok": true, ...} or {"case": ..., "ok": false, "error": type, "message": ...};
 a failing case does not stop the rest.
@@ -111,6 +112,18 @@ def compiled_region():
     return {"shape": list(y.shape), "device": str(y.device)}
 
 
+# vLLM's way (direct_register_custom_op): a library fragment, the op's CUDA kernel and its fake
+SERVING = torch.library.Library("cute_aot_serving", "FRAGMENT")
+SERVING.define("quarter(Tensor x) -> Tensor")
+SERVING.impl("quarter", lambda x: launch(x, 384), "CUDA")
+torch.library.register_fake("cute_aot_serving::quarter", torch.empty_like, lib=SERVING)
+
+
+def library_kernel():
+    y = torch.ops.cute_aot_serving.quarter(torch.randn(4096, device="cuda"))
+    return {"shape": list(y.shape), "device": str(y.device)}
+
+
 def graph_capture():
     x = torch.randn(1024, device="cuda")
     graph = torch.cuda.CUDAGraph()
@@ -131,6 +144,7 @@ CASES = [
     equal_check_then_next_kernel,
     graph_capture,
     compiled_region,
+    library_kernel,
 ]
 
 

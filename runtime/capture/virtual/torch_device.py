@@ -13,6 +13,7 @@ torch.cuda's queries are replaced by functions that take what torch's own take (
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 from cute_aot.runtime.capture.virtual import known_values, torch_guard
@@ -290,6 +291,7 @@ def _install(profile) -> None:
     # torch.compile would have inductor write Triton code for a GPU that is not there: compiled
     # regions run eagerly, so the kernels they call are reached as their eager calls reach them
     torch.compiler.set_stance("force_eager")
+    _remember_cuda_kernels(torch.library.Library)
     _checks_on_known_values(torch)
     for name in ("tensor", "as_tensor", "asarray"):
         setattr(torch, name, _made_on_host(getattr(torch, name)))
@@ -533,7 +535,7 @@ def _routing_mode():
                 kwargs = {**kwargs, "pin_memory": False}
             if not touches_cuda(args, kwargs):
                 return func(*args, **kwargs)
-            body = _custom_op_body(func)
+            body = _python_cuda_kernel(func)
             if body is not None:  # the library's own Python: its kernels are there to reach
                 with self:  # its torch ops are the virtual GPU's too
                     return body(*args, **kwargs)
@@ -546,19 +548,54 @@ def _routing_mode():
 _UNINITIALIZED = ("empty", "new_empty", "resize")
 
 
-def _custom_op_body(func):
-    """The Python body a CUDA call of a `torch.library.custom_op` runs on a real GPU (None for
-    aten's ops and for ops with no Python body). Fake mode would run its fake instead, which
-    launches nothing and so reaches none of its kernels."""
+# (op name, overload name) -> (Python kernel, whether it takes the dispatch key set first), of
+# every `Library.impl(..., "CUDA")` made in this process (vLLM registers its ops so)
+_CUDA_KERNELS: dict[tuple[str, str], tuple] = {}
+
+
+def _remember_cuda_kernels(library) -> None:
+    """Remember each Python kernel registered for CUDA: torch keeps it in C++, out of reach."""
+    real = library.impl
+
+    @functools.wraps(real)
+    def impl(self, op_name, fn, dispatch_key="", *args, with_keyset=False, **kwargs):
+        done = real(self, op_name, fn, dispatch_key, *args, with_keyset=with_keyset, **kwargs)
+        if dispatch_key == "CUDA" and callable(fn):
+            if isinstance(op_name, str):
+                name, _, overload = op_name.partition(".")
+                _CUDA_KERNELS[f"{self.ns}::{name}", overload] = (fn, with_keyset)
+            else:  # an OpOverload
+                schema = op_name._schema
+                _CUDA_KERNELS[schema.name, schema.overload_name] = (fn, with_keyset)
+        return done
+
+    library.impl = impl
+
+
+def _python_cuda_kernel(func):
+    """The Python a CUDA call of a library's op runs on a real GPU: a `torch.library.custom_op`'s
+    body, or a kernel registered with `Library.impl(..., "CUDA")` (None for aten's ops and for
+    ops with no Python kernel). Fake mode would run the op's fake instead, which launches nothing
+    and so reaches none of its kernels."""
     if getattr(func, "namespace", "aten") in ("aten", "prim", "prims"):
         return None
     from torch._library.custom_ops import _maybe_get_opdef
 
     opdef = _maybe_get_opdef(func)
-    if opdef is None:
+    if opdef is not None:
+        bodies = opdef._backend_fns
+        return bodies.get("cuda") or bodies.get(None)
+    schema = func._schema
+    found = _CUDA_KERNELS.get((schema.name, schema.overload_name))
+    if found is None:
         return None
-    bodies = opdef._backend_fns
-    return bodies.get("cuda") or bodies.get(None)
+    kernel, with_keyset = found
+    if not with_keyset:
+        return kernel
+    import torch
+
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    return functools.partial(kernel, keys)
 
 
 def _returns_a_bool(func) -> bool:
