@@ -4,8 +4,9 @@ One table (`SETTINGS`) names each variable, its default and what it does; `aot-c
 it and docs/settings.md is generated from it. Values are read on every call (a server may change
 its environment, and tests do), which costs a dict lookup: the hot path never asks.
 
-This module sits at the bottom of the package (artifacts/), so that the build (aot/), the bundle
-format and the runtime all read their settings through it without import cycles.
+The variables are grouped by concern (CONCERNS: serving, caches, trust, capture), as
+docs/settings.md lists them. This module sits in the lowest room (artifacts/core/), so that
+every room reads its settings through it.
 """
 
 from __future__ import annotations
@@ -165,23 +166,26 @@ DISABLE = Setting(
     kind="flag",
 )
 
-SETTINGS: tuple[Setting, ...] = (
-    BUNDLES,
-    MODE,
-    CACHE_DIR,
-    MISS_LOG,
-    HOST,
-    TRUSTED_KEYS,
-    REQUIRE_SIGNATURE,
-    OVERLAY_KEY,
-    REVERIFY,
-    REMOTE_UNSIGNED,
-    RECORD,
-    INTERCEPT,
-    REPORT,
-    VIRTUAL,
-    DISABLE,
-)
+# Every setting, by concern, in the order docs/settings.md and `aot-cache env` list them.
+CONCERNS: dict[str, tuple[Setting, ...]] = {
+    "Serving: which kernels a server loads, and what a miss does": (BUNDLES, MODE, MISS_LOG, HOST),
+    "Caches": (CACHE_DIR,),
+    "Trust: which bundles and cached libraries are loaded": (
+        TRUSTED_KEYS,
+        REQUIRE_SIGNATURE,
+        REMOTE_UNSIGNED,
+        OVERLAY_KEY,
+        REVERIFY,
+    ),
+    "Capture: what the startup hook does in every process": (
+        RECORD,
+        INTERCEPT,
+        REPORT,
+        VIRTUAL,
+        DISABLE,
+    ),
+}
+SETTINGS: tuple[Setting, ...] = tuple(s for group in CONCERNS.values() for s in group)
 _BY_NAME = {setting.name: setting for setting in SETTINGS}  # made once: read per call
 # What the startup hook (runtime/capture/activation.py) installs the cute.compile hook for.
 ACTIVATING: tuple[Setting, ...] = (RECORD, INTERCEPT, REPORT, VIRTUAL)
@@ -281,12 +285,16 @@ def set_in_process(name: str, value: str | None) -> None:
 
 
 def markdown_table() -> str:
-    """The table of settings, from SETTINGS (docs/gen_settings.py writes it to docs/settings.md)."""
-    lines = ["| variable | default | what it does |", "|---|---|---|"]
-    for setting in SETTINGS:
-        default = setting.when_unset or (f"`{setting.default}`" if setting.default else "(none)")
-        lines.append(f"| `{setting.name}` | {default} | {setting.doc} |")
-    return "\n".join(lines) + "\n"
+    """The settings, one table per concern (docs/gen_settings.py writes it to docs/settings.md)."""
+    lines = []
+    for concern, group in CONCERNS.items():
+        lines += [f"## {concern}", "", "| variable | default | what it does |", "|---|---|---|"]
+        for setting in group:
+            unset = setting.when_unset
+            default = unset or (f"`{setting.default}`" if setting.default else "(none)")
+            lines.append(f"| `{setting.name}` | {default} | {setting.doc} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def bundle_sources() -> list[str]:
