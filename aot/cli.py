@@ -4,6 +4,7 @@ aot-build [OPTIONS]                  build (all of it, or one --shard i/n of it)
 aot-build merge SHARD_DIR... --out   link the shards' objects into the bundles
 aot-build wheel BUNDLE... --out      one pip-installable wheel per architecture of built bundles
 aot-build models [CONFIG...]         list model presets (and what local configs map to)
+aot-build record --arch A --out DIR  record a workload on a virtual GPU of each architecture
 
 Generic over kernel families (the `cute_aot.families` entry points): every family, shape syntax
 and model mapping comes from the installed families' contracts, never from a list kept here.
@@ -22,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cute_aot.aot import build_command
+from cute_aot.aot import build_command, record_command
 from cute_aot.aot import models as model_shapes
 from cute_aot.aot.build import buildable_families
 from cute_aot.aot.compile_pool import Worker, default_jobs
@@ -31,10 +32,11 @@ from cute_aot.aot.output import Output
 from cute_aot.aot.planning import DEFAULT_ARCHS, PlanRequest, RequestError
 from cute_aot.aot.shard import Shard
 from cute_aot.aot.signals import Stopped, stop_on_signals
+from cute_aot.aot.workloads import WORKLOADS, configs_of, models_of
 from cute_aot.artifacts.core import settings, terminal
 from cute_aot.artifacts.core.errors import CuteAotError
 from cute_aot.kernels import KernelFamily, families
-from cute_aot.kernels.arch import SUPPORTED_ARCHS
+from cute_aot.kernels.arch import SUPPORTED_ARCHS, normalize_arch
 from cute_aot.kernels.contract import Shape
 
 # -- kernel families on the command line --------------------------------------------------------
@@ -542,6 +544,60 @@ def wheel_command(bundles, out_dir, name, version):
         _fail(console, "aot-build wheel", exc)
 
 
+@main.command(
+    "record", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    required=True,
+    callback=_split_commas,
+    help="Architecture to record for, on its reference GPU profile (repeatable or "
+    "comma-separated).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Records go to OUT/<arch>/, for `aot-build --from-record OUT`.",
+)
+@click.option(
+    "--workload",
+    type=click.Choice(sorted(WORKLOADS)),
+    help="A named workload (`aot-build models` lists them with their models) instead of COMMAND.",
+)
+@click.option(
+    "--model", "workload_models", multiple=True, help="The workload's model (repeatable)."
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def record_workload(archs, out, workload, workload_models, command):
+    """Run a workload on a virtual GPU of each --arch and record its cute.compile calls, on this
+    CPU-only machine: a named --workload, or the COMMAND given after `--` (a server's warm-up,
+    a test suite). Exit status 1 if a run failed (what it recorded is kept)."""
+    console = _console()
+    if bool(workload) == bool(command):
+        raise click.UsageError("give either --workload NAME or a COMMAND after `--`")
+    if workload_models and not workload:
+        raise click.UsageError("--model chooses a --workload's model")
+    if workload:
+        known = models_of(workload)
+        unknown = [name for name in workload_models if name not in known]
+        if unknown:
+            raise click.UsageError(
+                f"workload {workload} has no model {', '.join(unknown)}; known: {', '.join(known)}"
+            )
+        command = record_command.workload_command(WORKLOADS[workload].module, workload_models)
+    try:
+        targets = [normalize_arch(arch) for arch in archs]
+        done = record_command.record(console, list(command), targets, out)
+    except (CuteAotError, OSError) as exc:
+        _fail(console, "aot-build record", exc)
+    console.print(f"next: aot-build --from-record {escape(str(out))} --arch {','.join(targets)}")
+    if any(run.returncode != 0 for run in done):
+        sys.exit(1)
+
+
 @main.command("models")
 @click.argument("configs", nargs=-1, type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
@@ -579,7 +635,11 @@ def models_command(configs, as_json):
         console.print(f"[red]aot-build models:[/red] {escape(str(exc))}")
         sys.exit(1)
     if as_json:
-        click.echo(json.dumps({"archs": archs, "models": rows}, indent=2))
+        workloads = {
+            name: {"models": list(models_of(name)), "configs": list(configs_of(name))}
+            for name in sorted(WORKLOADS)
+        }
+        click.echo(json.dumps({"archs": archs, "models": rows, "workloads": workloads}, indent=2))
         return
     table = Table(title="shapes per model and kernel family", title_justify="left")
     for column in ("model", "family", "shapes", *archs, "source"):
@@ -596,6 +656,23 @@ def models_command(configs, as_json):
         )
     console.print(table)
     console.print(f"columns {', '.join(archs)}: keys per architecture (-: not built for it)")
+    console.print(_workloads_table())
+
+
+def _workloads_table() -> Table:
+    """The workloads `aot-build record --workload` runs: their models and configurations."""
+    table = Table(title="recorded workloads (aot-build record --workload)", title_justify="left")
+    for column in ("workload", "calls", "models", "configurations", "install"):
+        table.add_column(column)
+    for name, workload in sorted(WORKLOADS.items()):
+        table.add_row(
+            name,
+            workload.library,
+            " ".join(models_of(name)),
+            " ".join(configs_of(name)),
+            escape(f"cute-aot[{workload.extra}]"),
+        )
+    return table
 
 
 if __name__ == "__main__":

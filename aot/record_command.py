@@ -1,0 +1,80 @@
+"""`aot-build record`: run a workload on a virtual GPU of each target architecture and keep what
+it recorded, on this CPU-only machine, for `aot-build --from-record`.
+
+The workload is a program (a server's warm-up, a library's tests) or a named workload
+(aot/workloads/). It runs as any program does under CUTE_AOT_VIRTUAL and CUTE_AOT_RECORD: the
+environment alone activates the recorder in it and in every process it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from rich.console import Console
+from rich.markup import escape
+
+from cute_aot.artifacts.core import settings
+from cute_aot.artifacts.core.errors import CuteAotError
+from cute_aot.kernels import gpu_profiles
+from cute_aot.kernels.recorded import read_records
+
+
+class Recorded(NamedTuple):
+    arch: str
+    profile: str  # the virtual GPU it ran as
+    folder: Path  # where its records are
+    returncode: int
+    seconds: float
+    calls: int  # lines recorded
+    kernels: int  # distinct recreatable calls
+
+
+def record(console: Console, command: list[str], archs: list[str], out: Path) -> list[Recorded]:
+    """Run `command` once per architecture on that architecture's reference GPU profile,
+    recording into `out/<arch>/`. A run that fails is said with its exit status; the others go
+    on, and what it recorded before failing is kept."""
+    done = []
+    for arch in archs:
+        profile = gpu_profiles.reference(arch)
+        if profile is None:
+            raise CuteAotError(f"no GPU profile stands for {arch} (kernels/gpu_profiles.json)")
+        folder = out / arch
+        folder.mkdir(parents=True, exist_ok=True)
+        env = _recording_env(profile.name, folder)
+        console.print(f"recording on a virtual {profile.name} ({arch}): {' '.join(command)}")
+        started = time.perf_counter()
+        returncode = subprocess.run(command, env=env, check=False).returncode
+        seconds = time.perf_counter() - started
+        recorded = [line for _, line in read_records(str(folder))] if any(folder.iterdir()) else []
+        kernels = {line["key_id"] for line in recorded if line.get("recreatable") is True}
+        done.append(
+            Recorded(arch, profile.name, folder, returncode, seconds, len(recorded), len(kernels))
+        )
+        outcome = "ok" if returncode == 0 else f"[red]exit status {returncode}[/red]"
+        console.print(
+            f"  {arch}: {outcome}, {len(recorded)} calls recorded, {len(kernels)} distinct "
+            f"kernels, {seconds:.0f} s -> {escape(str(folder))}"
+        )
+    return done
+
+
+def _recording_env(profile: str, folder: Path) -> dict[str, str]:
+    """This process's environment for the workload: recording on the virtual GPU, and none of
+    the tool settings aot-build runs under (CUTE_AOT_DISABLE) nor a serving mode."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("CUTE_AOT_")}
+    for setting in (settings.CACHE_DIR, settings.HOST):
+        if setting.raw() is not None:
+            env[setting.name] = setting.raw()
+    env[settings.VIRTUAL.name] = profile
+    env[settings.RECORD.name] = f"{folder}{os.sep}"
+    return env
+
+
+def workload_command(module: str, models: list[str]) -> list[str]:
+    """A named workload run by this Python, for each model given."""
+    return [sys.executable, "-m", module, *(arg for model in models for arg in ("--model", model))]
