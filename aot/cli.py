@@ -593,7 +593,8 @@ def record_workload(archs, out, workload, workload_models, command):
         done = record_command.record(console, list(command), targets, out)
     except (CuteAotError, OSError) as exc:
         _fail(console, "aot-build record", exc)
-    console.print(f"next: aot-build --from-record {escape(str(out))} --arch {','.join(targets)}")
+    # each record is built for the architecture it was recorded on: no --arch
+    console.print(f"next: aot-build --from-record {escape(str(out))}")
     if any(run.returncode != 0 for run in done):
         sys.exit(1)
 

@@ -1,5 +1,6 @@
 """`aot-build record`: run a workload on a virtual GPU of each target architecture and keep what
-it recorded, on this CPU-only machine, for `aot-build --from-record`.
+it recorded, on this CPU-only machine, for `aot-build --from-record` (which builds each record
+for the architecture it was recorded on).
 
 The workload is a program (a server's warm-up, a library's tests) or a named workload
 (aot/workloads/). It runs as any program does under CUTE_AOT_VIRTUAL and CUTE_AOT_RECORD: the
