@@ -50,6 +50,8 @@ VOLATILE_ROW_FIELDS = frozenset({"object", "seconds", "status", "error", "traceb
 
 # Code whose change changes an object (the worker's export options) or a bundle (link, pack,
 # container). Kernel sources are covered per family by source_hash.
+_DATA_SUFFIX = dict(cache_layout.BUILD.parts)  # objects/ -> .o, bundles/ -> .cuteaot
+
 # The compile worker's identity, in every object's cache digest: bump it when the object or the
 # row the worker makes for the same key changes (the export, what binary_info reads from an
 # object, the ELF and fatbin readers it uses). Nothing else of cute-aot moves it.
@@ -191,7 +193,7 @@ class BuildCache:
 
     def fetch_object(self, key, arch: str, dest: Path) -> dict | None:
         """Copy a cached object to `dest`; returns its report row, or None on a miss."""
-        found = self._get("objects", self.object_digest(key, arch), ".o")
+        found = self._get("objects", self.object_digest(key, arch))
         if found is None or found[1].get("key") != key.canonical_json():
             self.misses += 1
             return None
@@ -212,25 +214,29 @@ class BuildCache:
             return
         data = Path(row["object"]).read_bytes()
         record = {"key": key.canonical_json(), "arch": arch, "row": stable_row(row)}
-        self._put("objects", self.object_digest(key, arch), ".o", data, record)
+        self._put("objects", self.object_digest(key, arch), data, record)
 
     # -- bundles ---------------------------------------------------------------------------
 
     def fetch_bundle(self, digest: str) -> bytes | None:
-        found = self._get("bundles", digest, ".cuteaot")
+        found = self._get("bundles", digest)
         return found[0] if found else None
 
     def store_bundle(self, digest: str, data: bytes) -> None:
-        self._put("bundles", digest, ".cuteaot", data, {})
+        self._put("bundles", digest, data, {})
 
     # -- storage ---------------------------------------------------------------------------
 
-    def _paths(self, kind: str, digest: str, suffix: str) -> tuple[Path, Path]:
+    def _paths(self, kind: str, digest: str) -> tuple[Path, Path]:
+        """(data, record) of an entry: names as the cache layout declares them."""
         folder = self.root / kind / digest[:2]
-        return folder / f"{digest}{suffix}", folder / f"{digest}.json"
+        return (
+            folder / f"{digest}{_DATA_SUFFIX[kind]}",
+            folder / f"{digest}{cache_layout.BUILD.marker}",
+        )
 
-    def _get(self, kind: str, digest: str, suffix: str) -> tuple[bytes, dict] | None:
-        data_path, record_path = self._paths(kind, digest, suffix)
+    def _get(self, kind: str, digest: str) -> tuple[bytes, dict] | None:
+        data_path, record_path = self._paths(kind, digest)
         try:
             record = json.loads(record_path.read_bytes())
             data = data_path.read_bytes()
@@ -260,10 +266,10 @@ class BuildCache:
             return False
         return True
 
-    def _put(self, kind: str, digest: str, suffix: str, data: bytes, record: dict) -> None:
+    def _put(self, kind: str, digest: str, data: bytes, record: dict) -> None:
         if self.write_error:
             return
-        data_path, record_path = self._paths(kind, digest, suffix)
+        data_path, record_path = self._paths(kind, digest)
         record = {**record, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         if self.sign_key is not None:
             record = signing.sign_cache_record(kind, digest, record, self.sign_key)

@@ -52,12 +52,12 @@ class FolderStore:
 
     def _target(self, sha256: str) -> Path:
         _check_sha(sha256)
-        return self.libs / f"{sha256}.so"
+        return self.libs / f"{sha256}{cache_layout.LIBS.data}"
 
     def verified_copy(self, sha256: str) -> tuple[int, str, dict] | None:
         if not SHA256_RE.match(sha256):
             return None
-        target = self.libs / f"{sha256}.so"
+        target = self.libs / f"{sha256}{cache_layout.LIBS.data}"
         fd = open_private(target, self.root)
         if fd is None:
             return None

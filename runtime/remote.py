@@ -103,7 +103,7 @@ def fetch_bundles(url: str, strict: bool | None = None, offline: bool = True) ->
     folder = _cache_folder()
     url_id = hashlib.sha256(url.encode()).hexdigest()[:32]
     lock = folder / cache_layout.REMOTE_LOCKS / f"{url_id}.lock"
-    index = folder / cache_layout.REMOTE_INDEX / f"{url_id}.json"
+    index = folder / cache_layout.REMOTE_INDEX / f"{url_id}{cache_layout.REMOTE_INDEX_SUFFIX}"
     try:
         # 8 ranks of a node: one downloads, the others then find its verified copy
         with claimed(lock, wait=LOCK_WAIT, stale_after=LOCK_STALE):
