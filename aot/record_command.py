@@ -46,7 +46,9 @@ def record(console: Console, command: list[str], archs: list[str], out: Path) ->
             raise CuteAotError(f"no GPU profile stands for {arch} (kernels/gpu_profiles.json)")
         folder = out / arch
         folder.mkdir(parents=True, exist_ok=True)
-        env = _recording_env(profile.name, folder)
+        env = settings.workload_environment(
+            **{settings.VIRTUAL.name: profile.name, settings.RECORD.name: f"{folder}{os.sep}"}
+        )
         console.print(f"recording on a virtual {profile.name} ({arch}): {' '.join(command)}")
         started = time.perf_counter()
         returncode = subprocess.run(command, env=env, check=False).returncode
@@ -62,18 +64,6 @@ def record(console: Console, command: list[str], archs: list[str], out: Path) ->
             f"kernels, {seconds:.0f} s -> {escape(str(folder))}"
         )
     return done
-
-
-def _recording_env(profile: str, folder: Path) -> dict[str, str]:
-    """This process's environment for the workload: recording on the virtual GPU, and none of
-    the tool settings aot-build runs under (CUTE_AOT_DISABLE) nor a serving mode."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("CUTE_AOT_")}
-    for setting in (settings.CACHE_DIR, settings.HOST):
-        if setting.raw() is not None:
-            env[setting.name] = setting.raw()
-    env[settings.VIRTUAL.name] = profile
-    env[settings.RECORD.name] = f"{folder}{os.sep}"
-    return env
 
 
 def workload_command(module: str, models: list[str]) -> list[str]:

@@ -24,8 +24,11 @@ import json
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
+
+from cute_aot.artifacts.core.json_lines import append_line
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,7 @@ def main(names, out):
                     site=traceback.extract_tb(exc.__traceback__)[-1].name,
                 )
             if out:
-                with open(out, "a") as rows:
-                    rows.write(json.dumps(row) + "\n")
+                append_line(Path(out), (json.dumps(row) + "\n").encode(), rotate=False)
             click.echo(f"{name} {config}: " + ("ok" if row["ok"] else row["error"][:160]))
 
 

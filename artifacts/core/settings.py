@@ -453,6 +453,19 @@ def environment(names) -> dict[str, str]:
     return found
 
 
+def workload_environment(**values: str) -> dict[str, str]:
+    """The environment of a program cute-aot runs as a workload (`aot-build record`): this
+    process's, without its CUTE_AOT_* variables (a tool's CUTE_AOT_DISABLE above all), with the
+    cache dir and host this process uses, and `values` (CUTE_AOT_VIRTUAL=..., ...)."""
+    _known_names(values)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("CUTE_AOT_")}
+    for setting in (CACHE_DIR, HOST):
+        if setting.raw() is not None:
+            env[setting.name] = setting.raw()
+    env.update(values)
+    return env
+
+
 def current() -> dict[str, str | None]:
     """name -> value as set (None: unset), for `aot-cache env`."""
     return {setting.name: setting.raw() for setting in SETTINGS}
