@@ -331,12 +331,12 @@ def test_a_record_never_describes_other_data_under_two_writers(tmp_path, monkeyp
         won = real_publish(path, data, *args)
         if path.suffix == ".o" and not interleaved:  # A's data is in place: B runs now
             interleaved.append(True)
-            cache._put("objects", digest, ".o", b"writer B's bytes", {"writer": "B"})
+            cache._put("objects", digest, b"writer B's bytes", {"writer": "B"})
         return won
 
     monkeypatch.setattr(module, "publish_once", publish_then_let_b_run)
-    cache._put("objects", digest, ".o", b"writer A's bytes", {"writer": "A"})
-    data, record = cache._get("objects", digest, ".o")
+    cache._put("objects", digest, b"writer A's bytes", {"writer": "A"})
+    data, record = cache._get("objects", digest)
     assert interleaved == [True]
     assert data == b"writer A's bytes" and record["writer"] == "A"
     assert record["sha256"] == hashlib.sha256(data).hexdigest()

@@ -132,27 +132,19 @@ def test_an_asserted_torch_equal_of_unknown_values_is_counted_and_the_run_goes_o
     assert 32 in _blocks(records)
 
 
-def test_a_compiled_region_runs_eagerly_and_records_the_kernel_it_calls(training):
+@pytest.mark.parametrize(
+    "case, block",
+    [
+        ("compiled_region", 1024),  # torch.compile(fullgraph=True) of a custom op: run eagerly
+        ("library_kernel", 384),  # an op's CUDA kernel from Library.impl, as vLLM registers
+    ],
+)
+def test_python_around_a_kernel_runs_and_records_it_where_a_fake_would_launch_nothing(
+    training, case, block
+):
     cases, records, _ = training
-    assert cases["compiled_region"] == {
-        "case": "compiled_region",
-        "ok": True,
-        "shape": [4096],
-        "device": "cuda:0",
-    }
-    assert 1024 in _blocks(records)
-
-
-def test_an_op_s_cuda_kernel_registered_with_library_impl_runs_and_records_its_kernel(training):
-    """vLLM registers its ops' CUDA kernels with Library.impl: a fake would launch nothing."""
-    cases, records, _ = training
-    assert cases["library_kernel"] == {
-        "case": "library_kernel",
-        "ok": True,
-        "shape": [4096],
-        "device": "cuda:0",
-    }
-    assert 384 in _blocks(records)
+    assert cases[case] == {"case": case, "ok": True, "shape": [4096], "device": "cuda:0"}
+    assert block in _blocks(records)
 
 
 def test_a_graph_capture_runs_its_work_and_a_replay_launches_nothing(training):
