@@ -551,16 +551,24 @@ def wheel_command(bundles, out_dir, name, version):
     "--arch",
     "archs",
     multiple=True,
-    required=True,
     callback=_split_commas,
     help="Architecture to record for, on its reference GPU profile (repeatable or "
     "comma-separated).",
 )
 @click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    callback=_split_commas,
+    help="A GPU profile to record on as well (kernels/gpu_profiles.json: h100-sxm, h200, b200, "
+    "b300, or a JSON override file), for kernels whose code follows the GPU's answers (its SM "
+    "count, its cluster occupancy) and fleets of several GPUs of one architecture.",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
-    help="Records go to OUT/<arch>/, for `aot-build --from-record OUT`.",
+    help="Records go to OUT/<arch or gpu>/, for `aot-build --from-record OUT`.",
 )
 @click.option(
     "--workload",
@@ -571,7 +579,7 @@ def wheel_command(bundles, out_dir, name, version):
     "--model", "workload_models", multiple=True, help="The workload's model (repeatable)."
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record_workload(archs, out, workload, workload_models, command):
+def record_workload(archs, gpus, out, workload, workload_models, command):
     """Run a workload on a virtual GPU of each --arch and record its cute.compile calls, on this
     CPU-only machine: a named --workload, or the COMMAND given after `--` (a server's warm-up,
     a test suite). Exit status 1 if a run failed (what it recorded is kept)."""
@@ -588,9 +596,14 @@ def record_workload(archs, out, workload, workload_models, command):
                 f"workload {workload} has no model {', '.join(unknown)}; known: {', '.join(known)}"
             )
         command = record_command.workload_command(WORKLOADS[workload].module, workload_models)
+    if not archs and not gpus:
+        raise click.UsageError("name what to record for: --arch and/or --gpu")
     try:
-        targets = [normalize_arch(arch) for arch in archs]
-        done = record_command.record(console, list(command), targets, out)
+        on = record_command.targets([normalize_arch(arch) for arch in archs], list(gpus))
+    except (CuteAotError, ValueError) as exc:  # an unknown architecture or GPU profile
+        raise click.UsageError(str(exc)) from None
+    try:
+        done = record_command.record(console, list(command), on, out)
     except (CuteAotError, OSError) as exc:
         _fail(console, "aot-build record", exc)
     # each record is built for the architecture it was recorded on: no --arch

@@ -35,19 +35,38 @@ class Recorded(NamedTuple):
     kernels: int  # distinct recreatable calls
 
 
-def record(console: Console, command: list[str], archs: list[str], out: Path) -> list[Recorded]:
-    """Run `command` once per architecture on that architecture's reference GPU profile,
-    recording into `out/<arch>/`. A run that fails is said with its exit status; the others go
-    on, and what it recorded before failing is kept."""
-    done = []
+class Target(NamedTuple):
+    folder: str  # OUT/<folder>/: the architecture, or the GPU as it was named
+    spec: str  # CUTE_AOT_VIRTUAL's value
+    profile: object  # the GpuProfile it names
+
+
+def targets(archs: list[str], gpus: list[str]) -> list[Target]:
+    """What to record on: each architecture's reference GPU profile, then each GPU named (a
+    profile's name, or a JSON override file: CUTE_AOT_VIRTUAL's values)."""
+    from cute_aot.runtime.capture.virtual import load_profile
+
+    found = []
     for arch in archs:
         profile = gpu_profiles.reference(arch)
         if profile is None:
             raise CuteAotError(f"no GPU profile stands for {arch} (kernels/gpu_profiles.json)")
-        folder = out / arch
+        found.append(Target(arch, profile.name, profile))
+    found += [Target(Path(gpu).stem, gpu, load_profile(gpu)) for gpu in gpus]
+    return found
+
+
+def record(console: Console, command: list[str], on: list[Target], out: Path) -> list[Recorded]:
+    """Run `command` once per target of `targets()`, on its virtual GPU, recording into
+    `out/<folder name>/`. A run that fails is said with its exit status; the others go on, and
+    what it recorded before failing is kept."""
+    done = []
+    for name, spec, profile in on:
+        arch = profile.arch
+        folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         env = settings.workload_environment(
-            **{settings.VIRTUAL.name: profile.name, settings.RECORD.name: f"{folder}{os.sep}"}
+            **{settings.VIRTUAL.name: spec, settings.RECORD.name: f"{folder}{os.sep}"}
         )
         console.print(f"recording on a virtual {profile.name} ({arch}): {' '.join(command)}")
         started = time.perf_counter()
@@ -60,7 +79,7 @@ def record(console: Console, command: list[str], archs: list[str], out: Path) ->
         )
         outcome = "ok" if returncode == 0 else f"[red]exit status {returncode}[/red]"
         console.print(
-            f"  {arch}: {outcome}, {len(recorded)} calls recorded, {len(kernels)} distinct "
+            f"  {name}: {outcome}, {len(recorded)} calls recorded, {len(kernels)} distinct "
             f"kernels, {seconds:.0f} s -> {escape(str(folder))}"
         )
     return done

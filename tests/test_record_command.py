@@ -78,6 +78,21 @@ def test_a_failing_run_is_exit_status_1_and_keeps_its_folder(tmp_path):
     assert (tmp_path / "rec" / "sm_90a").is_dir()
 
 
+def test_a_named_gpu_is_recorded_on_as_itself_beside_an_architecture_s_reference(tmp_path):
+    """Two GPUs of one architecture answer differently (SM count, cluster occupancy): --gpu
+    records on the one named, into a folder of its own."""
+    show = "import os; print('as', os.environ['CUTE_AOT_VIRTUAL'])"
+    done = _aot_build(
+        tmp_path,
+        *("record", "--arch", "sm90a", "--gpu", "h100-sxm", "--out", "rec", "--"),
+        *(sys.executable, "-c", show),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split("\n")[:2] == ["as h200", "as h100-sxm"]
+    assert "recording on a virtual h100-sxm (sm_90a)" in done.stderr
+    assert sorted(path.name for path in (tmp_path / "rec").iterdir()) == ["h100-sxm", "sm_90a"]
+
+
 @pytest.mark.parametrize(
     "args, said",
     [
@@ -89,6 +104,20 @@ def test_a_failing_run_is_exit_status_1_and_keeps_its_folder(tmp_path):
 )
 def test_what_to_record_is_one_workload_or_one_command(tmp_path, args, said):
     done = _aot_build(tmp_path, "record", "--arch", "sm90a", "--out", "rec", *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in " ".join(done.stderr.split())
+    assert not (tmp_path / "rec").exists()
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("--out", "rec"), "name what to record for: --arch and/or --gpu"),
+        (("--gpu", "h300", "--out", "rec"), "unknown GPU profile 'h300'; known: h200, h100-sxm"),
+    ],
+)
+def test_what_to_record_on_is_an_architecture_or_a_known_gpu(tmp_path, args, said):
+    done = _aot_build(tmp_path, "record", *args, "--", sys.executable, "-c", "pass")
     assert done.returncode == 2, done.stdout + done.stderr
     assert said in " ".join(done.stderr.split())
     assert not (tmp_path / "rec").exists()
