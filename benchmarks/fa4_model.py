@@ -83,6 +83,103 @@ def table(runs, records, bundles, out):
     Path(out).write_text(json.dumps({"models": coverage}, indent=1) + "\n")
 
 
+# Readiness goals (issue 53): a served first call against FA4's JIT, and against FA4's warm disk
+# cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1, filled by an earlier process).
+GOALS = {"jit": 1000.0, "fa4_cache": 3.0}
+
+
+@main.command()
+@click.option(
+    "--run",
+    "labelled",
+    multiple=True,
+    required=True,
+    metavar="LABEL=RUNS.jsonl",
+    help="Rows of one way of running the workload (repeatable): jit=, fa4_cache= (the warm "
+    "run), served= (cute-aot in mode aot).",
+)
+@click.option("--against", default="served", show_default=True, help="The label compared.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True)
+def readiness(labelled, against, out):
+    """First call of each configuration, per way of running it: each baseline's time over
+    `--against`'s, per configuration, per model (its set's sum) and for everything."""
+    firsts: dict[str, dict[tuple[str, str], float]] = {}
+    for item in labelled:
+        label, _, path = item.partition("=")
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        firsts[label] = {(r["model"], r["config"]): r["first_call_s"] for r in rows if r["ok"]}
+    if against not in firsts:
+        raise click.UsageError(f"no --run {against}=...")
+    served = firsts[against]
+    baselines = [label for label in firsts if label != against]
+    configs = []
+    for model, config in sorted(served):
+        row = {"model": model, "config": config, against: served[model, config]}
+        for label in baselines:
+            seconds = firsts[label].get((model, config))
+            row[label] = seconds
+            row[f"{label}_over_{against}"] = _ratio(seconds, served[model, config])
+        configs.append(row)
+    sets = {}
+    for model in sorted({model for model, _ in served}):
+        mine = [row for row in configs if row["model"] == model]
+        sets[model] = {
+            label: round(sum(row[label] or 0.0 for row in mine), 4)
+            for label in (against, *baselines)
+        }
+    total = {
+        label: round(sum(s[label] for s in sets.values()), 4) for label in (against, *baselines)
+    }
+    goals = {
+        label: {
+            "goal": goal,
+            "median_ratio": _median(
+                [
+                    row[f"{label}_over_{against}"]
+                    for row in configs
+                    if row.get(f"{label}_over_{against}")
+                ]
+            ),
+            "set_ratio": _ratio(total.get(label), total[against]),
+        }
+        for label, goal in GOALS.items()
+        if label in baselines
+    }
+    for label, found in goals.items():
+        click.echo(
+            f"{label} / {against}: median per configuration {found['median_ratio']}x, whole set "
+            f"{found['set_ratio']}x (goal {found['goal']}x)"
+        )
+    # a configuration a baseline ran that the compared way did not: never left out silently
+    not_served = sorted(
+        f"{model} {config}"
+        for label in baselines
+        for model, config in firsts[label].keys() - served.keys()
+    )
+    if not_served:
+        click.echo(f"not run by {against}: {', '.join(sorted(set(not_served)))}")
+    document = {
+        "configs": configs,
+        "sets": sets,
+        "total_s": total,
+        "goals": goals,
+        f"not_run_by_{against}": sorted(set(not_served)),
+    }
+    Path(out).write_text(json.dumps(document, indent=1) + "\n")
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if not numerator or not denominator:
+        return None
+    return round(numerator / denominator, 1)
+
+
+def _median(values: list[float]) -> float | None:
+    import statistics
+
+    return round(statistics.median(values), 1) if values else None
+
+
 def _kernel_class(record: dict) -> str:
     """`FlashAttentionForwardSm90` of `...flash_fwd_sm90:FlashAttentionForwardSm90.__call__`."""
     return str(record.get("target")).split(":")[-1].removesuffix(".__call__")
