@@ -1,6 +1,6 @@
-"""`aot-build record`: run a workload on a virtual GPU of each target architecture and keep what
-it recorded, on this CPU-only machine, for `aot-build --from-record` (which builds each record
-for the architecture it was recorded on).
+"""`aot-build record`: run a workload on a virtual GPU of each target architecture (and of each
+GPU named), on this CPU-only machine, and keep what it recorded for `aot-build --from-record`
+(which builds each record for the architecture it was recorded on).
 
 The workload is a program (a server's warm-up, a library's tests) or a named workload
 (aot/workloads/). It runs as any program does under CUTE_AOT_VIRTUAL and CUTE_AOT_RECORD: the
@@ -38,7 +38,7 @@ class Recorded(NamedTuple):
 class Target(NamedTuple):
     folder: str  # OUT/<folder>/: the architecture, or the GPU as it was named
     spec: str  # CUTE_AOT_VIRTUAL's value
-    profile: object  # the GpuProfile it names
+    profile: gpu_profiles.GpuProfile  # the profile it names
 
 
 def targets(archs: list[str], gpus: list[str]) -> list[Target]:

@@ -6,7 +6,7 @@ which failures mean "try the next one". runtime/resolution.py walks the ladder t
     mode jit:   JIT only (bundles and the overlay are bypassed)
 
 For a family that serves another library's function (FlashInfer's), the step after the bundle is
-that library's own compile: `resolve` answers None.
+that library's own compile: the resolution's function is None.
 
 In mode auto every failure of a cache, a store or an export (a damaged bundle entry, an
 unwritable or full cache folder, an export error, a broken compiler) degrades to the next step
