@@ -14,10 +14,8 @@ Their digests also cover this machine's toolchain, C compiler and CUDA tools
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from cute_aot.kernels.recorded import RecordedCallKey, read_records
 from cute_aot.kernels.router_gemm import dispatch, enumerate_keys
 from cute_aot.runtime import REGISTRY, overlay, set_mode
 from cute_aot.runtime.registry import Registry, stale_reasons
+from tests.cli_process import aot_build
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "previous_commit"
@@ -122,16 +121,7 @@ def signatures_required(settings_scope):
 
 
 def _cli(tmp_path, *args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
-    env.update(PYTHONPATH=str(REPO), CUTE_AOT_CACHE_DIR=str(tmp_path / "cli-cache"))
-    return subprocess.run(
-        [sys.executable, "-m", "cute_aot.aot.cli", *map(str, args)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return aot_build(tmp_path, *args, cache_dir=tmp_path / "cli-cache", timeout=600)
 
 
 def _files(folder: Path) -> list[str]:

@@ -4,28 +4,17 @@ machine, recorded for `aot-build --from-record` (aot/record_command.py)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.cli_process import aot_build
 
 
 def _aot_build(tmp_path, *args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_AOT_")}
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    env.update(PYTHONPATH=path, CUTE_AOT_CACHE_DIR=str(tmp_path / "cache"), COLUMNS="200")
-    return subprocess.run(
-        [sys.executable, "-m", "cute_aot.aot.cli", *map(str, args)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return aot_build(tmp_path, *args, cache_dir=tmp_path / "cache", COLUMNS="200")
 
 
 def _records(folder: Path) -> list[dict]:
