@@ -104,10 +104,14 @@ def readiness(labelled, against, out):
     """First call of each configuration, per way of running it: each baseline's time over
     `--against`'s, per configuration, per model (its set's sum) and for everything."""
     firsts: dict[str, dict[tuple[str, str], float]] = {}
+    steadies: dict[str, dict[tuple[str, str], float]] = {}
     for item in labelled:
         label, _, path = item.partition("=")
         rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         firsts[label] = {(r["model"], r["config"]): r["first_call_s"] for r in rows if r["ok"]}
+        steadies[label] = {
+            (r["model"], r["config"]): r["steady_call_us"] for r in rows if r.get("steady_call_us")
+        }
     if against not in firsts:
         raise click.UsageError(f"no --run {against}=...")
     served = firsts[against]
@@ -158,7 +162,23 @@ def readiness(labelled, against, out):
     )
     if not_served:
         click.echo(f"not run by {against}: {', '.join(sorted(set(not_served)))}")
+    # steady calls (--steady): the served call's time over FA4's own cached call (goal <= 1.02)
+    steady = {}
+    for label in baselines:
+        pairs = [
+            (row["model"], row["config"], steadies[label].get(k), steadies[against].get(k))
+            for row in configs
+            if (k := (row["model"], row["config"])) in steadies[label] and k in steadies[against]
+        ]
+        if pairs:
+            steady[label] = {
+                f"{model} {config}": {label: base, against: ours, "ratio": round(ours / base, 3)}
+                for model, config, base, ours in pairs
+            }
+            worst = max(entry["ratio"] for entry in steady[label].values())
+            click.echo(f"steady call, {against} / {label}: worst {worst}x (goal <= 1.02x)")
     document = {
+        "steady_call": steady,
         "configs": configs,
         "sets": sets,
         "total_s": total,

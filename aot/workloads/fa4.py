@@ -148,7 +148,15 @@ def workload(model: Model):
     help="Append one JSON line per configuration run (model, config, gpu, ok, first_call_s or "
     "error).",
 )
-def main(names, out):
+@click.option(
+    "--steady",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Then time N more calls of each configuration, enqueued back to back, 5 times: "
+    "steady_call_us is the median per-call time (a GPU's: the calls' host cost where the "
+    "kernels are short).",
+)
+def main(names, out, steady):
     """Run each configuration of each model once; a refusal is a row with its reason."""
     import torch
 
@@ -160,7 +168,9 @@ def main(names, out):
             try:
                 call()
                 torch.cuda.synchronize()
-                row.update(ok=True, first_call_s=round(time.perf_counter() - started, 3))
+                row.update(ok=True, first_call_s=round(time.perf_counter() - started, 6))
+                if steady:
+                    row["steady_call_us"] = _steady_call_us(call, steady, torch)
             except Exception as exc:  # a configuration FA4 does not have here, named
                 row.update(
                     ok=False,
@@ -170,6 +180,21 @@ def main(names, out):
             if out:
                 append_line(Path(out), (json.dumps(row) + "\n").encode(), rotate=False)
             click.echo(f"{name} {config}: " + ("ok" if row["ok"] else row["error"][:160]))
+
+
+def _steady_call_us(call, calls: int, torch) -> float:
+    """Median over 5 batches of the per-call time of `calls` calls enqueued back to back."""
+    for _ in range(3):
+        call()
+    batches = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        batches.append((time.perf_counter() - started) / calls * 1e6)
+    return round(sorted(batches)[2], 2)
 
 
 if __name__ == "__main__":
