@@ -68,7 +68,8 @@ def record(console: Console, command: list[str], on: list[Target], out: Path) ->
         env = settings.workload_environment(
             **{settings.VIRTUAL.name: spec, settings.RECORD.name: f"{folder}{os.sep}"}
         )
-        console.print(f"recording on a virtual {profile.name} ({arch}): {' '.join(command)}")
+        said = escape(" ".join(command))  # a command may hold [brackets]: not markup
+        console.print(f"recording on a virtual {profile.name} ({arch}): {said}")
         started = time.perf_counter()
         returncode = subprocess.run(command, env=env, check=False).returncode
         seconds = time.perf_counter() - started

@@ -2,7 +2,7 @@
 the attention kernels one model runs, recorded on a GPU or a virtual one and built ahead of time.
 
     aot-build record --workload fa4 --model llama-3.1-8b --arch sm90a --arch sm100a --out rec/
-    aot-build --from-record rec/ --arch sm90a --arch sm100a --name fa4 --out bundles/
+    aot-build --from-record rec/ --name fa4 --out bundles/    # each for its own arch
     python -m cute_aot.aot.workloads.fa4 --model llama-3.1-8b     # the workload alone
 
 Per model, each configuration is one public call (or a forward and its backward):
@@ -21,6 +21,7 @@ are imported only when it runs.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 import traceback
 from dataclasses import dataclass
@@ -194,7 +195,7 @@ def _steady_call_us(call, calls: int, torch) -> float:
             call()
         torch.cuda.synchronize()
         batches.append((time.perf_counter() - started) / calls * 1e6)
-    return round(sorted(batches)[2], 2)
+    return round(statistics.median(batches), 2)
 
 
 if __name__ == "__main__":
